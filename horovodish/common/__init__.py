@@ -1,0 +1,1 @@
+"""Framework-neutral core: configuration, negotiation, fusion, backends and the runtime thread."""

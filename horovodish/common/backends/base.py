@@ -1,0 +1,54 @@
+"""What a backend is: a way to run collectives, and a rule for when it applies."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from ..messages import ReduceOp, RequestType
+
+REDUCE_UFUNC = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PRODUCT: np.multiply,
+}
+BOOL_UFUNC = {
+    ReduceOp.SUM: np.logical_or,
+    ReduceOp.MAX: np.logical_or,
+    ReduceOp.MIN: np.logical_and,
+    ReduceOp.PRODUCT: np.logical_and,
+}
+
+
+def reduce_ufunc(dtype: np.dtype, op: ReduceOp) -> np.ufunc:
+    """The elementwise reduction for op; Average arrives here as Sum."""
+    table = BOOL_UFUNC if dtype == np.bool_ else REDUCE_UFUNC
+    return table[op]
+
+
+class Backend(ABC):
+    """One way to execute collectives. Runs on the runtime thread only."""
+
+    name: str = "?"
+
+    @abstractmethod
+    def enabled(self, kind: RequestType, dtype: str, nbytes: int) -> bool:
+        """Whether this backend should run this collective on this data."""
+
+    def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
+        raise NotImplementedError
+
+    def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int],
+                      op: ReduceOp) -> None:
+        raise NotImplementedError
+
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        raise NotImplementedError
+
+    def bcast(self, buf: np.ndarray, root: int) -> None:
+        raise NotImplementedError
+
+    def alltoallv(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
+                  recv_counts: list[int]) -> None:
+        raise NotImplementedError

@@ -1,0 +1,69 @@
+"""MPI's own collectives through mpi4py: the default for host memory.
+
+Buffers are flat numpy arrays; counts are in elements of the array's dtype. Data that
+MPI has no type for (float16, bfloat16) moves as bytes and never reduces here.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from ..dtypes import MPI_REDUCIBLE
+from ..messages import ReduceOp, RequestType
+from .base import Backend
+
+_MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
+            ReduceOp.PRODUCT: MPI.PROD}
+_MPI_BOOL_OPS = {ReduceOp.SUM: MPI.LOR, ReduceOp.MAX: MPI.LOR, ReduceOp.MIN: MPI.LAND,
+                 ReduceOp.PRODUCT: MPI.LAND}
+_REDUCING = (RequestType.ALLREDUCE, RequestType.REDUCESCATTER)
+
+
+def _mpi_op(dtype: np.dtype, op: ReduceOp) -> MPI.Op:
+    return (_MPI_BOOL_OPS if dtype == np.bool_ else _MPI_OPS)[op]
+
+
+def _as_bytes(buf: np.ndarray) -> np.ndarray:
+    return buf.reshape(-1).view(np.uint8)
+
+
+def _displacements(counts: list[int]) -> list[int]:
+    displs, total = [], 0
+    for count in counts:
+        displs.append(total)
+        total += count
+    return displs
+
+
+class MPIBackend(Backend):
+    name = "mpi"
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm
+
+    def enabled(self, kind: RequestType, dtype: str, nbytes: int) -> bool:
+        return kind not in _REDUCING or dtype in MPI_REDUCIBLE
+
+    def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
+        self.comm.Allreduce(MPI.IN_PLACE, buf, op=_mpi_op(buf.dtype, op))
+
+    def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int],
+                      op: ReduceOp) -> None:
+        self.comm.Reduce_scatter(send, recv, recvcounts=counts, op=_mpi_op(send.dtype, op))
+
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        item = send.dtype.itemsize
+        byte_counts = [c * item for c in counts]
+        self.comm.Allgatherv(_as_bytes(send),
+                             [_as_bytes(recv), byte_counts, _displacements(byte_counts), MPI.BYTE])
+
+    def bcast(self, buf: np.ndarray, root: int) -> None:
+        self.comm.Bcast(_as_bytes(buf), root=root)
+
+    def alltoallv(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
+                  recv_counts: list[int]) -> None:
+        item = send.dtype.itemsize
+        scounts = [c * item for c in send_counts]
+        rcounts = [c * item for c in recv_counts]
+        self.comm.Alltoallv([_as_bytes(send), scounts, _displacements(scounts), MPI.BYTE],
+                            [_as_bytes(recv), rcounts, _displacements(rcounts), MPI.BYTE])

@@ -1,0 +1,176 @@
+"""init / shutdown and the topology queries every adapter re-exports.
+
+``init()`` builds the MPI communicators, the controller, the backends and the runtime
+thread. Without a launcher it gives a world of one (MPI singleton init). Calling it
+twice is harmless; ``shutdown()`` stops the thread and fails whatever is still in flight.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .config import Config
+from .errors import not_initialized_error
+
+
+@dataclass
+class _State:
+    config: Config
+    comm: Any
+    local_comm: Any
+    cross_comm: Any
+    runtime: Any
+    rank: int
+    size: int
+
+
+_state: _State | None = None
+_lock = threading.Lock()
+_atexit_registered = False
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Start horovodish on this process (collective: every rank must call it).
+
+    ``comm`` may be an mpi4py communicator or a list of world ranks, as in Horovod.
+    """
+    global _state, _atexit_registered
+    with _lock:
+        if _state is not None and not _state.runtime.stopped:
+            return
+        if process_sets not in (None, [], ()):
+            raise NotImplementedError("process sets other than the global one are not supported yet")
+        config = Config.from_env()
+        from mpi4py import MPI
+
+        from .backends.mpi import MPIBackend
+        from .backends.ring import RingBackend
+        from .controller import Controller
+        from .executor import Executor
+        from .logging_setup import configure, warn_once
+        from .mpi_transport import MPITransport
+        from .operations import OperationManager
+        from .runtime import Runtime
+        from .stall import StallInspector
+
+        if not MPI.Is_initialized():
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        base = MPI.COMM_WORLD if comm is None else comm
+        if isinstance(base, Sequence):
+            group = MPI.COMM_WORLD.Get_group().Incl(list(base))
+            base = MPI.COMM_WORLD.Create(group)
+        world = base.Dup()
+        rank, size = world.Get_rank(), world.Get_size()
+        logger = configure(rank, config.log_level)
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            warn_once("MPI was initialized without MPI_THREAD_MULTIPLE; do not call MPI from "
+                      "your own threads while horovodish runs.")
+        local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        cross = world.Split(local.Get_rank(), key=rank)
+        stall = None
+        if not config.stall_check_disable and size > 1:
+            stall = StallInspector(size, config.stall_check_time, config.stall_shutdown_time)
+        backends = [RingBackend(world, config.ring_threshold, config.cpu_operations),
+                    MPIBackend(world)]
+        controller = Controller(MPITransport(world), config.cache_capacity, stall)
+        executor = Executor(OperationManager(backends), rank, size)
+        runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,
+                          stall_message=(lambda: stall.last_report) if stall else None)
+        _state = _State(config, world, local, cross, runtime, rank, size)
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+        logger.debug("initialized: rank %d of %d, config %s", rank, size, config)
+
+
+def shutdown() -> None:
+    """Stop the runtime thread; pending operations fail with HorovodInternalError."""
+    global _state
+    with _lock:
+        state, _state = _state, None
+    if state is not None:
+        state.runtime.shutdown()
+
+
+def state() -> _State:
+    if _state is None:
+        raise not_initialized_error()
+    return _state
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+def rank() -> int:
+    return state().rank
+
+
+def size() -> int:
+    return state().size
+
+
+def local_rank() -> int:
+    return state().local_comm.Get_rank()
+
+
+def local_size() -> int:
+    return state().local_comm.Get_size()
+
+
+def cross_rank() -> int:
+    return state().cross_comm.Get_rank()
+
+
+def cross_size() -> int:
+    return state().cross_comm.Get_size()
+
+
+def mpi_threads_supported() -> bool:
+    from mpi4py import MPI
+    state()
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    return is_initialized()
+
+
+def mpi_built() -> bool:
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    """True when CuPy with its NCCL bindings imports (the nccl backend's requirement)."""
+    try:
+        from cupy.cuda import nccl  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def cuda_built() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False

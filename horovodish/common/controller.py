@@ -1,0 +1,219 @@
+"""Negotiation: every rank learns the same ordered list of responses each cycle.
+
+One cycle:
+  1. Each rank sorts its not-yet-negotiated requests into cache hits (a bit each),
+     cache invalidations (a bit each) and uncached requests.
+  2. One bitwise-AND allreduce of [flags | ready bits | not-invalid bits] tells every
+     rank which cached responses all ranks have ready, which cache entries to drop, and
+     whether anyone has uncached requests, has joined, or wants to shut down.
+  3. Only if someone has uncached requests: gather them at the coordinator (rank 0),
+     which decides responses (see coordinator.py) and broadcasts them.
+Cached responses run first, in bit order, then the coordinator's, in its order; so the
+order is the same on every rank whatever order the ranks submitted in.
+
+The transport is injected, so this runs in one process in the unit tests.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .coordinator import Coordinator
+from .messages import Request, RequestType, Response
+from .response_cache import CacheState, ResponseCache
+from .stall import StallInspector
+
+FLAG_UNCACHED = 1
+FLAG_SHUTDOWN = 2
+FLAG_JOINED = 4
+FLAG_STALLED = 8
+
+
+class Transport(ABC):
+    """The three collectives negotiation needs; MPI in production, a fake in tests."""
+
+    rank: int
+    size: int
+
+    @abstractmethod
+    def allreduce_and(self, words: np.ndarray) -> np.ndarray:
+        """Bitwise AND of uint64 words across ranks."""
+
+    @abstractmethod
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's obj at the coordinator (rank 0), None elsewhere."""
+
+    @abstractmethod
+    def bcast(self, obj: Any) -> Any:
+        """The coordinator's obj on every rank."""
+
+
+@dataclass
+class _Pending:
+    request: Request
+    submitted_at: float
+    sent: bool = False  # handed to the coordinator; it owns readiness from now on
+
+
+@dataclass
+class CycleResult:
+    responses: list[Response] = field(default_factory=list)
+    shutdown: bool = False
+    stalled: bool = False
+    negotiated_slow: bool = False
+
+
+class Controller:
+    def __init__(self, transport: Transport, cache_capacity: int,
+                 stall: StallInspector | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.transport = transport
+        self.rank = transport.rank
+        self.size = transport.size
+        self.cache = ResponseCache(cache_capacity)
+        self._words = (cache_capacity + 63) // 64
+        self.clock = clock
+        # A cached request that waited this long goes to the coordinator so that the
+        # stall inspector (which only sees the coordinator's table) can name it.
+        self._stall_age = stall.check_time / 2 if stall is not None else float("inf")
+        self.coordinator = Coordinator(self.size, stall) if self.rank == 0 else None
+        self._pending: dict[str, _Pending] = {}
+        self._joined = False
+        self._others_joined = False
+        self.slow_cycles = 0
+        self.fast_cycles = 0
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def cycle(self, new_requests: list[Request], shutdown: bool = False) -> CycleResult:
+        now = self.clock()
+        for request in new_requests:
+            self._pending[request.name] = _Pending(request, now)
+            if request.type == RequestType.JOIN:
+                self._joined = True
+
+        hits, uncached, vector = self._classify(now, shutdown)
+        reduced = self.transport.allreduce_and(vector)
+        flags = int(~reduced[0])
+        words = self._words
+        invalid = ~reduced[1 + words:] if words else reduced[1:1]
+        ready = reduced[1:1 + words] & ~invalid
+
+        for bit in _set_bits(invalid):
+            self.cache.erase(bit)
+        for name, bit in hits:
+            if _test_bit(invalid, bit):
+                uncached.append(self._pending[name])
+
+        result = CycleResult(shutdown=bool(flags & FLAG_SHUTDOWN),
+                             stalled=bool(flags & FLAG_STALLED))
+        self._others_joined = bool(flags & FLAG_JOINED)
+        for bit in _set_bits(ready):
+            response = self.cache.response(bit)
+            self.cache.touch(bit)
+            self._pending.pop(response.name, None)
+            result.responses.append(response)
+
+        if flags & FLAG_UNCACHED:
+            result.negotiated_slow = True
+            result.responses.extend(self._negotiate_slow(uncached))
+            self.slow_cycles += 1
+        else:
+            self.fast_cycles += 1
+        return result
+
+    def _classify(self, now: float, shutdown: bool
+                  ) -> tuple[list[tuple[str, int]], list[_Pending], np.ndarray]:
+        words = self._words
+        vector = np.zeros(1 + 2 * words, dtype=np.uint64)
+        ready_bits = vector[1:1 + words]
+        invalid_bits = np.zeros(words, dtype=np.uint64)
+        hits: list[tuple[str, int]] = []
+        uncached: list[_Pending] = []
+        for name, pending in self._pending.items():
+            if pending.sent:
+                continue
+            request = pending.request
+            if request.type == RequestType.JOIN or words == 0:
+                uncached.append(pending)
+                continue
+            state, bit = self.cache.lookup(request)
+            if state == CacheState.HIT and self._must_bypass_cache(request, pending, now):
+                state = CacheState.INVALID
+            if state == CacheState.HIT:
+                _set_bit(ready_bits, bit)
+                hits.append((name, bit))
+            else:
+                if state == CacheState.INVALID:
+                    _set_bit(invalid_bits, bit)
+                uncached.append(pending)
+        if self._joined:
+            # A joined rank is ready for every cached allreduce: it contributes zeros.
+            for bit, response in self.cache.bits():
+                if response.type == RequestType.ALLREDUCE:
+                    _set_bit(ready_bits, bit)
+        flags = 0
+        if uncached:
+            flags |= FLAG_UNCACHED
+        if shutdown:
+            flags |= FLAG_SHUTDOWN
+        if self._joined:
+            flags |= FLAG_JOINED
+        if self.coordinator is not None and self.coordinator.check_stall():
+            flags |= FLAG_SHUTDOWN | FLAG_STALLED
+        vector[0] = ~np.uint64(flags)
+        vector[1 + words:] = ~invalid_bits
+        return hits, uncached, vector
+
+    def _must_bypass_cache(self, request: Request, pending: _Pending, now: float) -> bool:
+        if self._others_joined and request.type != RequestType.ALLREDUCE:
+            return True  # the coordinator must see it to report the join conflict
+        return now - pending.submitted_at >= self._stall_age
+
+    def _negotiate_slow(self, uncached: list[_Pending]) -> list[Response]:
+        for pending in uncached:
+            pending.sent = True
+        gathered = self.transport.gather([p.request for p in uncached])
+        responses = None
+        if self.coordinator is not None:
+            assert gathered is not None
+            for rank, requests in enumerate(gathered):
+                self.coordinator.add(rank, requests)
+            responses = self.coordinator.ready_responses()
+        responses = self.transport.bcast(responses)
+        for response in responses:
+            pending = self._pending.pop(response.name, None)
+            if response.type == RequestType.JOIN:
+                self._joined = False
+            elif response.error is None:
+                self.cache.put(response, pending.request if pending is not None else None)
+        return responses
+
+    def fail_all_pending(self) -> list[str]:
+        names = list(self._pending)
+        self._pending.clear()
+        return names
+
+
+def _set_bit(words: np.ndarray, bit: int) -> None:
+    words[bit >> 6] |= np.uint64(1 << (bit & 63))
+
+
+def _test_bit(words: np.ndarray, bit: int) -> bool:
+    return bool(int(words[bit >> 6]) >> (bit & 63) & 1)
+
+
+def _set_bits(words: np.ndarray) -> list[int]:
+    bits = []
+    for index, word in enumerate(words.tolist()):
+        while word:
+            low = word & -word
+            bits.append(index * 64 + low.bit_length() - 1)
+            word ^= low
+    return bits

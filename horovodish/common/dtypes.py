@@ -1,0 +1,59 @@
+"""The data types the runtime moves, as names every adapter agrees on.
+
+Tensors cross into the core as numpy arrays; bfloat16 uses ml_dtypes' numpy type so the
+ring backend can reduce it natively (MPI has no bfloat16).
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from .messages import ReduceOp
+
+_NUMPY: dict[str, np.dtype] = {
+    "uint8": np.dtype(np.uint8),
+    "int8": np.dtype(np.int8),
+    "int16": np.dtype(np.int16),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "bool": np.dtype(np.bool_),
+}
+_NAMES: dict[np.dtype, str] = {dtype: name for name, dtype in _NUMPY.items()}
+
+SUPPORTED = tuple(_NUMPY)
+FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})
+# MPI has no standard 16-bit float types, so these reduce in the ring backend.
+MPI_REDUCIBLE = frozenset(SUPPORTED) - {"float16", "bfloat16"}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    return _NUMPY[name]
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """The runtime's name for a numpy dtype; TypeError for one it cannot move."""
+    try:
+        return _NAMES[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(
+            f"dtype {np.dtype(dtype)} is not supported; supported: {', '.join(SUPPORTED)}"
+        ) from None
+
+
+def check_reduction(dtype: str, op: ReduceOp, prescale: float, postscale: float,
+                    opname: str, tensor_name: str) -> None:
+    """Reject reductions that make no sense for the dtype, before anything is sent."""
+    if dtype == "bool":
+        if op in (ReduceOp.AVERAGE, ReduceOp.ADASUM):
+            raise TypeError(
+                f"{opname} of tensor '{tensor_name}': op {op.name} is not defined for bool "
+                "tensors; use Sum (logical or), Min or Product (logical and), or Max."
+            )
+        if prescale != 1.0 or postscale != 1.0:
+            raise TypeError(
+                f"{opname} of tensor '{tensor_name}': scale factors are not defined for bool tensors."
+            )

@@ -1,0 +1,19 @@
+"""Exception types shared by every adapter.
+
+``HorovodInternalError`` is a ``RuntimeError`` (as in Horovod) so code that catches either
+keeps working; elastic training retries on it.
+"""
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed: a mismatch across ranks, a lost rank, or a shutdown in flight."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Raised by elastic training when the set of hosts changed (kept for API parity)."""
+
+
+def not_initialized_error() -> ValueError:
+    return ValueError(
+        "horovodish has not been initialized; call hvd.init() before using any other function."
+    )

@@ -1,0 +1,180 @@
+"""Executes planned responses on this rank's entries and completes their handles.
+
+Allreduce: copy in (scaled) to the fusion buffer, reduce, copy out (scaled). Average is
+Sum with postscale 1/size for floating types and a floor division for integers. A rank
+that has joined has no entry and contributes zeros.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .dtypes import FLOATING, numpy_dtype
+from .entry import Entry
+from .errors import HorovodInternalError
+from .fusion import FusionBuffers
+from .messages import ReduceOp, RequestType, Response
+from .operations import OperationManager
+
+
+def _reduction_counts(rows: int, size: int) -> list[int]:
+    """Rows of a reducescatter per rank: the first rows % size ranks get one more."""
+    base, extra = divmod(rows, size)
+    return [base + (1 if r < extra else 0) for r in range(size)]
+
+
+class Executor:
+    def __init__(self, operations: OperationManager, rank: int, size: int) -> None:
+        self.operations = operations
+        self.rank = rank
+        self.size = size
+        self.buffers = FusionBuffers()
+        self.last_backend = ""
+
+    def execute(self, group: list[Response], entries: dict[str, Entry]) -> None:
+        """Run one planned group; failures go to the group's handles, not the caller."""
+        first = group[0]
+        mine = [entries.pop(r.name, None) for r in group]
+        if first.error is not None:
+            _fail(mine, HorovodInternalError(first.error))
+            return
+        try:
+            results = self._run(first.type, group, mine)
+        except Exception as exc:  # a backend failure fails the tensors, not the thread
+            _fail(mine, HorovodInternalError(
+                f"{first.type.opname} of {', '.join(repr(r.name) for r in group)} failed: {exc}"))
+            return
+        for entry, result in zip(mine, results):
+            if entry is not None:
+                entry.handle.finish(result)
+
+    def _run(self, kind: RequestType, group: list[Response], mine: list[Entry | None]) -> list:
+        if kind == RequestType.ALLREDUCE:
+            return self._allreduce(group, mine)
+        response, entry = group[0], mine[0]
+        if kind == RequestType.ALLGATHER:
+            return [self._allgather(response, entry)]
+        if kind == RequestType.BROADCAST:
+            return [self._broadcast(response, entry)]
+        if kind == RequestType.ALLTOALL:
+            return [self._alltoall(response, entry)]
+        if kind == RequestType.REDUCESCATTER:
+            return [self._reducescatter(response, entry)]
+        if kind == RequestType.JOIN:
+            return [response.last_joined]
+        return [None]  # barrier: negotiation itself waited for every rank
+
+    def _backend(self, kind: RequestType, response: Response, nbytes: int):
+        backend = self.operations.choose(kind, response.dtype, nbytes)
+        self.last_backend = backend.name
+        return backend
+
+    # -- allreduce -------------------------------------------------------------------
+    def _allreduce(self, group: list[Response], mine: list[Entry | None]) -> list:
+        first = group[0]
+        dtype = numpy_dtype(first.dtype)
+        counts = [int(np.prod(r.shape, dtype=np.int64)) for r in group]
+        total = sum(counts)
+        op = ReduceOp.SUM if first.reduce_op == ReduceOp.AVERAGE else first.reduce_op
+        backend = self._backend(RequestType.ALLREDUCE, first, total * dtype.itemsize)
+        single = len(group) == 1 and mine[0] is not None
+        buf = mine[0].output.reshape(-1) if single else self.buffers.get(dtype, total)
+        offset = 0
+        for entry, count in zip(mine, counts):
+            target = buf[offset:offset + count]
+            if entry is None:
+                target.fill(0)
+            else:
+                _scaled_copy(target, entry.tensor.reshape(-1), first.prescale)
+            offset += count
+        if total:
+            backend.allreduce(buf, op)
+        post = first.postscale
+        average = first.reduce_op == ReduceOp.AVERAGE
+        if average and first.dtype in FLOATING:
+            post = post / self.size
+        offset = 0
+        for entry, count in zip(mine, counts):
+            source = buf[offset:offset + count]
+            offset += count
+            if entry is None:
+                continue
+            out = entry.output.reshape(-1)
+            if average and first.dtype not in FLOATING:
+                np.floor_divide(source, self.size, out=source)
+            _scaled_copy(out, source, post)
+        return [entry.output if entry is not None else None for entry in mine]
+
+    # -- the rest ---------------------------------------------------------------------
+    def _allgather(self, response: Response, entry: Entry) -> np.ndarray:
+        first_dims = response.first_dims
+        assert first_dims is not None
+        row_shape = response.shape[1:]
+        out = entry.allocate((sum(first_dims),) + tuple(row_shape))
+        row = int(np.prod(row_shape, dtype=np.int64))
+        counts = [d * row for d in first_dims]
+        backend = self._backend(RequestType.ALLGATHER, response, sum(counts) * out.itemsize)
+        if out.size:
+            backend.allgatherv(entry.tensor.reshape(-1), out.reshape(-1), counts)
+        return out
+
+    def _broadcast(self, response: Response, entry: Entry) -> np.ndarray:
+        out = entry.output
+        if self.rank == response.root_rank and out is not entry.tensor:
+            np.copyto(out, entry.tensor)
+        backend = self._backend(RequestType.BROADCAST, response, out.nbytes)
+        if out.size:
+            backend.bcast(out.reshape(-1), response.root_rank)
+        return out
+
+    def _alltoall(self, response: Response, entry: Entry) -> tuple[np.ndarray, np.ndarray]:
+        splits = response.splits
+        assert splits is not None
+        row_shape = tuple(entry.tensor.shape[1:])
+        row = int(np.prod(row_shape, dtype=np.int64))
+        received = [splits[src][self.rank] for src in range(self.size)]
+        out = entry.allocate((sum(received),) + row_shape)
+        backend = self._backend(RequestType.ALLTOALL, response, entry.tensor.nbytes)
+        backend.alltoallv(entry.tensor.reshape(-1), [s * row for s in splits[self.rank]],
+                          out.reshape(-1), [s * row for s in received])
+        return out, np.asarray(received, dtype=np.int32)
+
+    def _reducescatter(self, response: Response, entry: Entry) -> np.ndarray:
+        rows = response.shape[0] if response.shape else 0
+        row = int(np.prod(response.shape[1:], dtype=np.int64))
+        counts = [c * row for c in _reduction_counts(rows, self.size)]
+        out = entry.output
+        dtype = numpy_dtype(response.dtype)
+        send = self.buffers.get(dtype, sum(counts))
+        _scaled_copy(send, entry.tensor.reshape(-1), response.prescale)
+        op = ReduceOp.SUM if response.reduce_op == ReduceOp.AVERAGE else response.reduce_op
+        backend = self._backend(RequestType.REDUCESCATTER, response, send.nbytes)
+        flat_out = out.reshape(-1)
+        if send.size:
+            backend.reducescatter(send, flat_out, counts, op)
+        post = response.postscale
+        if response.reduce_op == ReduceOp.AVERAGE:
+            if response.dtype in FLOATING:
+                post = post / self.size
+            else:
+                np.floor_divide(flat_out, self.size, out=flat_out)
+        if post != 1.0:
+            _scaled_copy(flat_out, flat_out, post)
+        return out
+
+
+def _scaled_copy(out: np.ndarray, source: np.ndarray, factor: float) -> None:
+    if factor == 1.0:
+        if _address(out) != _address(source):  # in-place ops hand us the same memory
+            np.copyto(out, source)
+    else:
+        np.multiply(source, factor, out=out, casting="unsafe")
+
+
+def _fail(entries: list[Entry | None], error: BaseException) -> None:
+    for entry in entries:
+        if entry is not None:
+            entry.handle.finish(error=error)
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]

@@ -1,0 +1,94 @@
+"""Requests and responses: the small records ranks exchange during negotiation.
+
+A request says "this rank has tensor NAME ready for collective TYPE with these
+properties". The coordinator turns the requests of all ranks into one ordered list of
+responses, which every rank executes in the same order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class RequestType(IntEnum):
+    ALLREDUCE = 0
+    ALLGATHER = 1
+    BROADCAST = 2
+    ALLTOALL = 3
+    REDUCESCATTER = 4
+    BARRIER = 5
+    JOIN = 6
+
+    @property
+    def opname(self) -> str:
+        return self.name.lower()
+
+
+class ReduceOp(IntEnum):
+    """Horovod's numbering, so pickled or logged values read the same."""
+
+    AVERAGE = 0
+    SUM = 1
+    ADASUM = 2
+    MIN = 3
+    MAX = 4
+    PRODUCT = 5
+
+
+@dataclass(frozen=True)
+class Request:
+    """One rank's readiness for one tensor."""
+
+    name: str
+    type: RequestType
+    dtype: str
+    shape: tuple[int, ...]
+    reduce_op: ReduceOp = ReduceOp.SUM
+    root_rank: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    device: str = "cpu"
+    splits: tuple[int, ...] | None = None
+
+    @property
+    def nbytes_per_row(self) -> int:
+        from .dtypes import numpy_dtype
+        rows = 1
+        for dim in self.shape[1:]:
+            rows *= dim
+        return rows * numpy_dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Response:
+    """What every rank executes for one tensor, or the error every rank raises.
+
+    ``first_dims`` holds each rank's first dimension (allgather); ``splits`` each rank's
+    send splits (alltoall), so every rank can size its output without another round trip.
+    """
+
+    name: str
+    type: RequestType
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    reduce_op: ReduceOp = ReduceOp.SUM
+    root_rank: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    device: str = "cpu"
+    first_dims: tuple[int, ...] | None = None
+    splits: tuple[tuple[int, ...], ...] | None = None
+    error: str | None = None
+    last_joined: int = -1
+
+    @property
+    def nbytes(self) -> int:
+        from .dtypes import numpy_dtype
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * numpy_dtype(self.dtype).itemsize if self.dtype else 0
+
+    def fusion_key(self) -> tuple:
+        """Responses with equal keys may share one fused collective."""
+        return (self.type, self.dtype, self.device, self.reduce_op, self.prescale, self.postscale)

@@ -1,0 +1,16 @@
+"""The operation manager: per collective, an ordered list of backends; the first enabled runs."""
+from __future__ import annotations
+
+from .backends.base import Backend
+from .messages import RequestType
+
+
+class OperationManager:
+    def __init__(self, backends: list[Backend]) -> None:
+        self.backends = backends
+
+    def choose(self, kind: RequestType, dtype: str, nbytes: int) -> Backend:
+        for backend in self.backends:
+            if backend.enabled(kind, dtype, nbytes):
+                return backend
+        raise RuntimeError(f"no backend can run {kind.opname} on {dtype} data")

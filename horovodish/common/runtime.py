@@ -1,0 +1,153 @@
+"""The runtime thread: one per process, started by init().
+
+Each cycle it drains the submit queue, negotiates (controller.py), plans fusion
+(fusion.py) and executes (executor.py). Pacing:
+  * with work pending, cycles are at most one cycle time apart, and a caller blocking in
+    synchronize() starts the next one at once (nothing more is coming from it);
+  * with nothing pending it still takes part in negotiation so peers that do have work
+    make progress, but backs off (up to _MAX_IDLE_WAIT) so an idle job costs ~nothing;
+    a submit wakes it at once.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from .controller import Controller, CycleResult
+from .entry import Entry
+from .errors import HorovodInternalError
+from .executor import Executor
+from .fusion import plan_fusion
+
+log = logging.getLogger("horovodish")
+
+_MAX_IDLE_WAIT = 0.02
+
+
+class Runtime:
+    def __init__(self, controller: Controller, executor: Executor, fusion_threshold: int,
+                 cycle_time_ms: float, stall_message: Callable[[], str] | None = None) -> None:
+        self.controller = controller
+        self.executor = executor
+        self.fusion_threshold = fusion_threshold
+        self.cycle_time = cycle_time_ms / 1000.0
+        self.rank = controller.rank
+        self._stall_message = stall_message
+        self._cv = threading.Condition()
+        self._queue: list[Entry] = []
+        self._kicked = False
+        self._idle_waiting = False
+        self._shutdown_requested = False
+        self._stopped = False
+        self._stop_reason = ""
+        self._in_flight: dict[str, Entry] = {}
+        self.cycles = 0
+        self.cycle_listeners: list[Callable[[CycleResult, float], None]] = []
+        self._thread = threading.Thread(target=self._run, name="horovodish-runtime", daemon=True)
+        self._thread.start()
+
+    # -- called from user threads ------------------------------------------------------
+    def submit(self, entries: list[Entry]) -> None:
+        """Enqueue entries atomically (a group negotiates in one cycle)."""
+        with self._cv:
+            if self._stopped:
+                raise HorovodInternalError(
+                    f"horovodish has been shut down{self._stop_reason}; cannot run "
+                    f"{entries[0].request.type.opname} of '{entries[0].request.name}'.")
+            names = [e.request.name for e in entries]
+            for name in names:
+                if name in self._in_flight or names.count(name) > 1:
+                    raise ValueError(
+                        f"a collective on tensor name '{name}' is already in flight; names must "
+                        "be unique among outstanding operations (pass a different name=).")
+            for entry in entries:
+                self._in_flight[entry.request.name] = entry
+            self._queue.extend(entries)
+            if self._idle_waiting:
+                self._cv.notify()
+
+    def kick(self) -> None:
+        """A caller is blocked on a handle: run the next cycle without waiting."""
+        with self._cv:
+            self._kicked = True
+            self._cv.notify()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        with self._cv:
+            self._shutdown_requested = True
+            self._cv.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    # -- the thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        reason = ""
+        try:
+            self._loop()
+            reason = self._stop_reason
+        except BaseException as exc:  # never die silently: fail what is pending
+            log.exception("horovodish runtime thread failed")
+            reason = f" after an internal error: {exc}"
+        finally:
+            with self._cv:
+                self._stopped = True
+                self._stop_reason = reason
+                pending = list(self._in_flight.values()) + self._queue
+                self._in_flight.clear()
+                self._queue.clear()
+            for entry in pending:
+                entry.handle.finish(error=HorovodInternalError(
+                    f"horovodish was shut down{reason} while {entry.request.type.opname} of "
+                    f"'{entry.request.name}' was in flight."))
+
+    def _loop(self) -> None:
+        idle_wait = max(self.cycle_time, 1e-3)
+        last_start = 0.0
+        while True:
+            new_entries, shutdown = self._wait_for_work(last_start, idle_wait)
+            busy = bool(new_entries) or self.controller.has_pending
+            idle_wait = max(self.cycle_time, 1e-3) if busy else min(idle_wait * 2, _MAX_IDLE_WAIT)
+            last_start = time.perf_counter()
+            result = self.controller.cycle([e.request for e in new_entries], shutdown)
+            self.cycles += 1
+            if result.responses:
+                with self._cv:
+                    entries = {r.name: self._in_flight.pop(r.name) for r in result.responses
+                               if r.name in self._in_flight}
+                for group in plan_fusion(result.responses, self.fusion_threshold):
+                    self.executor.execute(group, entries)
+            for listener in self.cycle_listeners:
+                listener(result, last_start)
+            if result.shutdown:
+                if result.stalled:
+                    detail = self._stall_message() if self._stall_message else ""
+                    self._stop_reason = (" by the stall inspector (some ranks never submitted "
+                                         "a tensor the others did)" + (f": {detail}" if detail else ""))
+                elif not shutdown:
+                    self._stop_reason = " (another rank called shutdown())"
+                return
+
+    def _wait_for_work(self, last_start: float, idle_wait: float) -> tuple[list[Entry], bool]:
+        with self._cv:
+            if not self._queue and not self.controller.has_pending:
+                # Idle: wake on submit, or after idle_wait to take part in negotiation.
+                self._idle_waiting = True
+                self._cv.wait_for(lambda: self._queue or self._shutdown_requested, idle_wait)
+                self._idle_waiting = False
+                if self._queue:
+                    last_start = time.perf_counter()  # batch from the first submit on
+            deadline = last_start + self.cycle_time
+            while not (self._kicked or self._shutdown_requested):
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                self._cv.wait(remaining)
+            self._kicked = False
+            entries, self._queue = self._queue, []
+            return entries, self._shutdown_requested

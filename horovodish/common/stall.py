@@ -1,0 +1,66 @@
+"""Stall inspector: names the tensors some ranks submitted and others did not.
+
+Runs on the coordinator, which sees every uncached request. (Ranks send a request that
+has waited on the cache fast path for half the check time to the coordinator, so cached
+tensors are covered too.)
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Mapping
+
+log = logging.getLogger("horovodish")
+
+
+class StallInspector:
+    def __init__(self, size: int, check_time: float, shutdown_time: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.size = size
+        self.check_time = check_time
+        self.shutdown_time = shutdown_time
+        self.clock = clock
+        self._first_seen: dict[str, float] = {}
+        self._last_warning = 0.0
+        self.last_report: str = ""
+
+    def seen(self, name: str) -> None:
+        self._first_seen.setdefault(name, self.clock())
+
+    def done(self, name: str) -> None:
+        self._first_seen.pop(name, None)
+
+    def check(self, waiting: Mapping[str, set[int]], joined: set[int]) -> bool:
+        """Log stalled tensors (at most once per check period); True means shut down."""
+        if not waiting:
+            return False
+        now = self.clock()
+        stalled = {name: ranks for name, ranks in waiting.items()
+                   if now - self._first_seen.get(name, now) >= self.check_time}
+        if not stalled:
+            return False
+        if now - self._last_warning >= self.check_time:
+            self._last_warning = now
+            self.last_report = self.report(stalled, joined)
+            log.warning("%s", self.last_report)
+        if self.shutdown_time > 0:
+            oldest = min(self._first_seen.get(name, now) for name in stalled)
+            if now - oldest >= self.shutdown_time:
+                self.last_report = self.report(stalled, joined)
+                return True
+        return False
+
+    def report(self, stalled: Mapping[str, set[int]], joined: set[int]) -> str:
+        missing: dict[int, list[str]] = {}
+        for name, ready in stalled.items():
+            for rank in range(self.size):
+                if rank not in ready and rank not in joined:
+                    missing.setdefault(rank, []).append(name)
+        lines = [
+            f"Stall: some ranks submitted tensors more than {self.check_time:g} s ago that "
+            "other ranks have not submitted. Check that every rank calls the same "
+            "collectives with the same names:"
+        ]
+        for rank in sorted(missing):
+            lines.append(f"  rank {rank} has not submitted: {', '.join(sorted(missing[rank]))}")
+        return "\n".join(lines)

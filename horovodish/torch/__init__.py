@@ -1,0 +1,22 @@
+"""PyTorch adapter: ``import horovodish.torch as hvd`` in place of ``import horovod.torch as hvd``.
+
+    import horovodish.torch as hvd
+    hvd.init()
+    total = hvd.allreduce(torch.ones(3), op=hvd.Sum)   # == size() * ones on every rank
+"""
+from ..common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                             gloo_built, init, is_initialized, local_rank, local_size,
+                             mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                             rocm_built, shutdown, size)
+from ..common.errors import HorovodInternalError, HostsUpdatedInterrupt
+from ..common.process_sets import ProcessSet, global_process_set
+from .compression import Compression
+from .functions import allgather_object, broadcast_object
+from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
+                      allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall,
+                      alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
+                      broadcast_async_, grouped_allgather, grouped_allgather_async,
+                      grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                      grouped_allreduce_async_, grouped_reducescatter,
+                      grouped_reducescatter_async, join, poll, reducescatter,
+                      reducescatter_async, synchronize)

@@ -1,0 +1,351 @@
+"""Horovod's torch collectives: same names, arguments and semantics.
+
+Each call converts tensors to numpy views, submits them to the core, and returns an
+integer handle (as Horovod does); ``synchronize(handle)`` waits and returns torch tensors.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..common import collectives as core
+from ..common.handles import Handle
+from ..common.messages import ReduceOp
+from ..common.process_sets import ProcessSet, check_process_set, global_process_set
+from .tensor_views import as_numpy, check_tensor, device_class, empty_allocator
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+_handle_ids = itertools.count()
+_handles: dict[int, tuple[list[Handle], Callable[[list[Any]], Any]]] = {}
+_handles_lock = threading.Lock()
+
+
+def _register(handles: list[Handle], finish: Callable[[list[Any]], Any]) -> int:
+    handle_id = next(_handle_ids)
+    with _handles_lock:
+        _handles[handle_id] = (handles, finish)
+    return handle_id
+
+
+def poll(handle: int) -> bool:
+    """True when the operation behind handle has finished (synchronize will not block)."""
+    with _handles_lock:
+        if handle not in _handles:
+            raise ValueError(f"handle {handle} is unknown or was already synchronized")
+        handles = _handles[handle][0]
+    return all(h.done() for h in handles)
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for handle; returns the output tensor(s) or raises HorovodInternalError."""
+    with _handles_lock:
+        if handle not in _handles:
+            raise ValueError(f"handle {handle} is unknown or was already synchronized")
+        handles, finish = _handles[handle]
+    try:
+        results = [h.wait() for h in handles]
+    finally:
+        with _handles_lock:
+            _handles.pop(handle, None)
+    return finish(results)
+
+
+def _resolve_op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
+    if average is not None and op is not None:
+        raise ValueError("pass either average= (deprecated) or op=, not both")
+    if op is None:
+        return Sum if average is False else Average
+    return ReduceOp(op)
+
+
+def _names(name: str | None, count: int, opname: str) -> list[str]:
+    if name is None:
+        return [core.auto_name(opname) for _ in range(count)]
+    return [name] if count == 1 else [f"{name}.{i}" for i in range(count)]
+
+
+def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+# -- allreduce -----------------------------------------------------------------------------
+def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                             name: str | None, op: ReduceOp, prescale_factor: float,
+                             postscale_factor: float, opname: str,
+                             finish: Callable[[list[Any]], Any]) -> int:
+    for tensor in tensors:
+        check_tensor(tensor, opname)
+    sources = [_contiguous(t) for t in tensors]
+    handles = core.grouped_allreduce_async(
+        [as_numpy(t) for t in sources], [as_numpy(o) for o in outputs],
+        _names(name, len(tensors), "allreduce"), op, prescale_factor, postscale_factor,
+        device_class(tensors[0]) if tensors else "cpu")
+    return _register(handles, finish)
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: ReduceOp | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> int:
+    check_process_set(process_set)
+    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    return _grouped_allreduce_async(tensors, outputs, name, _resolve_op(average, op),
+                                    prescale_factor, postscale_factor, "grouped_allreduce",
+                                    lambda _: outputs)
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: ReduceOp | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> int:
+    check_process_set(process_set)
+    outputs = [_contiguous(t) for t in tensors]
+
+    def finish(_: list[Any]) -> list[torch.Tensor]:
+        for tensor, output in zip(tensors, outputs):
+            if tensor.data_ptr() != output.data_ptr():
+                tensor.copy_(output)  # non-contiguous input: write the result back
+        return list(tensors)
+    return _grouped_allreduce_async(tensors, outputs, name, _resolve_op(average, op),
+                                    prescale_factor, postscale_factor, "grouped_allreduce_",
+                                    finish)
+
+
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> int:
+    check_process_set(process_set)
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _grouped_allreduce_async([tensor], [output], name, _resolve_op(average, op),
+                                    prescale_factor, postscale_factor, "allreduce",
+                                    lambda _: output)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> int:
+    check_process_set(process_set)
+    output = _contiguous(tensor)
+
+    def finish(_: list[Any]) -> torch.Tensor:
+        if tensor.data_ptr() != output.data_ptr():
+            tensor.copy_(output)
+        return tensor
+    return _grouped_allreduce_async([tensor], [output], name, _resolve_op(average, op),
+                                    prescale_factor, postscale_factor, "allreduce_", finish)
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: ReduceOp | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: ReduceOp | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+# -- allgather -----------------------------------------------------------------------------
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> int:
+    check_process_set(process_set)
+    for tensor in tensors:
+        check_tensor(tensor, "allgather")
+    outputs: list[list[torch.Tensor]] = [[] for _ in tensors]
+    sources = [_contiguous(t) for t in tensors]
+    handles = core.grouped_allgather_async(
+        [as_numpy(t) for t in sources], [empty_allocator(t, out) for t, out in zip(sources, outputs)],
+        _names(name, len(tensors), "allgather"), device_class(tensors[0]) if tensors else "cpu")
+    return _register(handles, lambda _: [out[0] for out in outputs])
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    handle = grouped_allgather_async([tensor], name, process_set)
+    handles, finish = _handles[handle]
+    _handles[handle] = (handles, lambda results: finish(results)[0])
+    return handle
+
+
+# -- broadcast -----------------------------------------------------------------------------
+def _broadcast_async(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
+                     name: str | None, finish: Callable[[list[Any]], Any]) -> int:
+    check_tensor(tensor, "broadcast")
+    source = _contiguous(tensor)
+    handle = core.broadcast_async(as_numpy(source), as_numpy(output), root_rank,
+                                  _names(name, 1, "broadcast")[0], device_class(tensor))
+    return _register([handle], finish)
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    check_process_set(process_set)
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _broadcast_async(tensor, output, root_rank, name, lambda _: output)
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> int:
+    check_process_set(process_set)
+    output = _contiguous(tensor)
+
+    def finish(_: list[Any]) -> torch.Tensor:
+        if tensor.data_ptr() != output.data_ptr():
+            tensor.copy_(output)
+        return tensor
+    return _broadcast_async(tensor, output, root_rank, name, finish)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# -- alltoall ------------------------------------------------------------------------------
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> int:
+    check_process_set(process_set)
+    check_tensor(tensor, "alltoall")
+    split_list = None
+    if splits is not None:
+        split_list = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor)
+                                       else splits)]
+    source = _contiguous(tensor)
+    outputs: list[torch.Tensor] = []
+    handle = core.alltoall_async(as_numpy(source), split_list, empty_allocator(source, outputs),
+                                 _names(name, 1, "alltoall")[0], device_class(tensor))
+
+    def finish(results: list[Any]) -> Any:
+        received = torch.from_numpy(np.asarray(results[0][1]))
+        return outputs[0] if splits is None else (outputs[0], received)
+    return _register([handle], finish)
+
+
+# -- reducescatter -------------------------------------------------------------------------
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                                op: ReduceOp = Average,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> int:
+    check_process_set(process_set)
+    from ..common import basics
+    rank, size = basics.rank(), basics.size()
+    sources, outputs = [], []
+    for tensor in tensors:
+        check_tensor(tensor, "reducescatter")
+        sources.append(_contiguous(tensor))
+        shape = core.reducescatter_shape(tensor.shape, rank, size) if tensor.dim() else ()
+        outputs.append(torch.empty(shape, dtype=tensor.dtype, device=tensor.device))
+    handles = core.grouped_reducescatter_async(
+        [as_numpy(t) for t in sources], [as_numpy(o) for o in outputs],
+        _names(name, len(tensors), "reducescatter"), op, prescale_factor, postscale_factor,
+        device_class(tensors[0]) if tensors else "cpu")
+    return _register(handles, lambda _: outputs)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    handle = grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor,
+                                         postscale_factor)
+    handles, finish = _handles[handle]
+    _handles[handle] = (handles, lambda results: finish(results)[0])
+    return handle
+
+
+# -- synchronization -----------------------------------------------------------------------
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank reaches the barrier."""
+    check_process_set(process_set)
+    core.barrier_async().wait()
+
+
+def join(device: int = -1) -> int:
+    """Signal that this rank has no more data; allreduces of the others continue with this
+    rank contributing zeros. Returns the rank that joined last, once all have joined."""
+    return int(core.join_async().wait())
+
+
+# -- blocking forms ------------------------------------------------------------------------
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: Any = None, op: ReduceOp | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Reduce tensor across ranks; returns a new tensor (the input is untouched)."""
+    from .compression import Compression
+    compression = compression or Compression.none
+    compressed, ctx = compression.compress(tensor)
+    reduced = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
+                                          postscale_factor, process_set))
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                      name: str | None = None, compression: Any = None,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    from .compression import Compression
+    compression = compression or Compression.none
+    packed = [compression.compress(t) for t in tensors]
+    reduced = synchronize(grouped_allreduce_async([p[0] for p in packed], average, name, op,
+                                                  prescale_factor, postscale_factor,
+                                                  process_set))
+    return [compression.decompress(r, p[1]) for r, p in zip(reduced, packed)]
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Concatenate every rank's tensor along the first dimension (sizes may differ)."""
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """root_rank's tensor on every rank, as a new tensor."""
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Send splits[i] rows to rank i. With splits, returns (output, received_splits)."""
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce across ranks, then keep this rank's slice of the first dimension."""
+    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                           postscale_factor))
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          op: ReduceOp = Average, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
+                                                   prescale_factor, postscale_factor))

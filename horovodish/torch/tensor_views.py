@@ -1,0 +1,41 @@
+"""Torch tensors as numpy views (zero-copy on the host) for the framework-neutral core."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import torch
+
+_SUPPORTED = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+              torch.bfloat16, torch.float32, torch.float64, torch.bool}
+
+
+def check_tensor(tensor: torch.Tensor, opname: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{opname} expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in _SUPPORTED:
+        names = ", ".join(sorted(str(d).replace("torch.", "") for d in _SUPPORTED))
+        raise TypeError(f"{opname}: dtype {tensor.dtype} is not supported; supported: {names}")
+    if tensor.device.type != "cpu":
+        raise NotImplementedError(
+            f"{opname}: tensors on {tensor.device.type} are not supported yet; move them to the CPU.")
+
+
+def as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy array sharing memory with a contiguous CPU tensor."""
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def device_class(tensor: torch.Tensor) -> str:
+    return tensor.device.type
+
+
+def empty_allocator(like: torch.Tensor, keep: list[torch.Tensor]):
+    """An allocator the runtime calls once it knows the output shape; keeps the tensor."""
+    def allocate(shape: tuple[int, ...]) -> np.ndarray:
+        out = torch.empty(shape, dtype=like.dtype, device=like.device)
+        keep.append(out)
+        return as_numpy(out)
+    return allocate

@@ -1,0 +1,130 @@
+"""Command-line parsing and validation for ``horovodishrun``.
+
+Why a separate module: every bad input is rejected here, through argparse (exit code 2,
+message naming the flag), before anything is launched; later stages can trust the values.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+from pathlib import Path
+
+from .hosts import parse_hostfile, parse_hosts
+
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
+CPU_OPERATIONS = ("mpi", "ring")
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _int(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    return _int(text, 0)
+
+
+def _positive_int(text: str) -> int:
+    return _int(text, 1)
+
+
+def _hosts(text: str):
+    try:
+        return parse_hosts(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _mpi_args(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as exc:  # e.g. unbalanced quotes
+        raise argparse.ArgumentTypeError(f"cannot split {text!r}: {exc}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser; flag names follow Horovod's ``horovodrun``."""
+    p = argparse.ArgumentParser(
+        prog="horovodishrun", allow_abbrev=False,
+        description="Launch a horovodish job under mpirun (MPICH Hydra or Open MPI).",
+        epilog="example: horovodishrun -np 4 -H host1:2,host2:2 python train.py")
+    p.add_argument("-np", "--num-proc", type=_positive_int, metavar="N",
+                   help="total number of processes (ranks) to start")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-H", "--hosts", type=_hosts, metavar="HOSTS",
+                       help="comma-separated host:slots list, e.g. host1:2,host2:2")
+    where.add_argument("--hostfile", metavar="FILE",
+                       help="file of 'host slots=N', 'host:N' or 'host' lines")
+    t = p.add_argument_group("tuning (forwarded to every rank as HOROVODISH_* variables)")
+    t.add_argument("--fusion-threshold-mb", type=_nonneg_float, metavar="MB",
+                   help="fusion buffer size in MiB (0 disables fusion)")
+    t.add_argument("--cycle-time-ms", type=_nonneg_float, metavar="MS",
+                   help="runtime cycle time in milliseconds")
+    t.add_argument("--cache-capacity", type=_nonneg_int, metavar="N",
+                   help="response cache capacity (0 disables the cache)")
+    t.add_argument("--timeline-filename", metavar="FILE",
+                   help="write a Chrome-trace timeline from rank 0 to FILE")
+    t.add_argument("--timeline-mark-cycles", action="store_true",
+                   help="mark runtime cycles in the timeline")
+    t.add_argument("--stall-check-warning-time-seconds", type=_nonneg_float, metavar="S",
+                   help="warn about tensors stalled longer than S seconds")
+    t.add_argument("--stall-check-shutdown-time-seconds", type=_nonneg_float, metavar="S",
+                   help="shut the job down after S seconds of stall (0: never)")
+    t.add_argument("--no-stall-check", action="store_true", help="disable the stall inspector")
+    t.add_argument("--autotune", action="store_true",
+                   help="tune fusion threshold and cycle time online")
+    t.add_argument("--autotune-log-file", metavar="FILE", help="CSV log of autotune samples")
+    t.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, metavar="LEVEL",
+                   help="runtime log level: " + ", ".join(LOG_LEVELS))
+    t.add_argument("--cpu-operations", type=str.lower, choices=CPU_OPERATIONS,
+                   help="backend for host-memory collectives")
+    p.add_argument("--mpi-args", type=_mpi_args, default=[], metavar='"ARGS"',
+                   help="extra arguments for mpirun (split like a shell would, never run by one)")
+    p.add_argument("--verbose", action="store_true",
+                   help="print the mpirun command line to stderr before running it")
+    p.add_argument("--check-build", action="store_true",
+                   help="show available frameworks, backends and MPI, then exit")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="the program and its arguments, run once per rank")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and validate ``argv``; exits with code 2 and a message on bad input.
+
+    Adds ``hostfile_hosts`` (parsed hostfile entries, or None) to the namespace.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    args.hostfile_hosts = None
+    if args.check_build:
+        return args
+    if args.num_proc is None:
+        parser.error("-np/--num-proc is required")
+    if not args.command:
+        parser.error("a command to run is required, e.g. horovodishrun -np 2 python train.py")
+    if args.hostfile is not None:
+        try:
+            args.hostfile_hosts = parse_hostfile(Path(args.hostfile).read_text())
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            parser.error(f"argument --hostfile: {args.hostfile}: {exc}")
+    return args

@@ -1,0 +1,47 @@
+"""Flags -> ``HOROVODISH_*`` environment variables, the only channel to the ranks.
+
+Why environment variables: the runtime reads its configuration from the environment (as
+Horovod does), so a job started with plain ``mpirun`` behaves the same as one started here.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+PREFIXES = ("HOROVODISH_", "HOROVOD_")
+
+
+def _number(value: float) -> str:
+    """``2.0`` -> ``"2"`` (so int() parsers accept it), ``2.5`` -> ``"2.5"``."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def config_env(args: argparse.Namespace) -> dict[str, str]:
+    """The variables the given flags set; flags left unset produce nothing (runtime defaults)."""
+    env: dict[str, str] = {}
+    if args.fusion_threshold_mb is not None:
+        env["HOROVODISH_FUSION_THRESHOLD"] = str(int(round(args.fusion_threshold_mb * 1024 * 1024)))
+    if args.cycle_time_ms is not None:
+        env["HOROVODISH_CYCLE_TIME"] = _number(args.cycle_time_ms)
+    if args.cache_capacity is not None:
+        env["HOROVODISH_CACHE_CAPACITY"] = str(args.cache_capacity)
+    if args.timeline_filename is not None:
+        env["HOROVODISH_TIMELINE"] = os.path.abspath(args.timeline_filename)
+    if args.timeline_mark_cycles:
+        env["HOROVODISH_TIMELINE_MARK_CYCLES"] = "1"
+    if args.stall_check_warning_time_seconds is not None:
+        env["HOROVODISH_STALL_CHECK_TIME_SECONDS"] = _number(args.stall_check_warning_time_seconds)
+    if args.stall_check_shutdown_time_seconds is not None:
+        env["HOROVODISH_STALL_SHUTDOWN_TIME_SECONDS"] = _number(
+            args.stall_check_shutdown_time_seconds)
+    if args.no_stall_check:
+        env["HOROVODISH_STALL_CHECK_DISABLE"] = "1"
+    if args.autotune:
+        env["HOROVODISH_AUTOTUNE"] = "1"
+    if args.autotune_log_file is not None:
+        env["HOROVODISH_AUTOTUNE_LOG"] = os.path.abspath(args.autotune_log_file)
+    if args.log_level is not None:
+        env["HOROVODISH_LOG_LEVEL"] = args.log_level
+    if args.cpu_operations is not None:
+        env["HOROVODISH_CPU_OPERATIONS"] = args.cpu_operations
+    return env

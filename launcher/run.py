@@ -1,0 +1,84 @@
+"""``horovodishrun``: start N copies of a command under mpirun, configured for horovodish.
+
+Contract
+--------
+``horovodishrun -np N [-H host:slots,... | --hostfile F] [flags] command [args...]`` starts
+``command`` N times under the ``mpirun`` of this environment (the one next to the Python
+interpreter first, e.g. the ``mpich`` wheel's, then ``mpirun``/``mpiexec`` on PATH). Each
+process is one rank; inside it, ``hvd.init()`` reads rank, size and local rank from MPI.
+
+* Configuration flags become ``HOROVODISH_*`` environment variables on every rank
+  (``--fusion-threshold-mb 32`` -> ``HOROVODISH_FUSION_THRESHOLD=33554432``, ...). Variables
+  already set in the caller's environment (``HOROVODISH_*``, ``HOROVOD_*``) reach the ranks
+  too; a flag wins over an inherited variable of the same name.
+* The command is executed as an argument list, never through a shell.
+* The exit code is the job's: 0 when every rank exits 0, non-zero otherwise (a job killed
+  by signal N gives 128 + N). Ctrl-C / SIGTERM are forwarded to every local process of
+  the job; whatever is still alive 5 s later is killed.
+* ``plain mpirun -np N python train.py`` works as well; the launcher adds only convenience.
+
+Example::
+
+    horovodishrun -np 4 -H server1:2,server2:2 --fusion-threshold-mb 32 python train.py
+    # train.py
+    import horovodish.torch as hvd
+    hvd.init()
+    print(hvd.rank(), hvd.size())   # 0..3, 4
+
+Exit codes of the launcher itself: 2 for bad arguments, 127 when no mpirun is found.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+from . import mpirun as mpirun_mod
+from .cli import parse_args
+from .command import build_command, child_env
+from .envvars import config_env
+from .hosts import hostfile_for
+from .process import run_job
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the job, return its exit code.
+
+    See the module docstring for the contract.
+    """
+    args = parse_args(argv)
+    if args.check_build:
+        from .check_build import report
+        print(report())
+        return 0
+
+    runner = mpirun_mod.locate()
+    if runner is None:
+        print(mpirun_mod.MISSING_MESSAGE, file=sys.stderr)
+        return 127
+    if runner.flavour == "unknown":
+        print(f"horovodishrun: warning: cannot tell which MPI {runner.path} belongs to; "
+              "using MPICH Hydra syntax", file=sys.stderr)
+
+    hostfile, temporary = None, False
+    if args.hostfile_hosts is not None:
+        hostfile, temporary = hostfile_for(args.hostfile, args.hostfile_hosts, runner.flavour)
+    try:
+        config = config_env(args)
+        argv_ = build_command(runner.path, runner.flavour, args.num_proc, args.command,
+                              config=config, hosts=args.hosts, hostfile=hostfile,
+                              mpi_args=args.mpi_args, environ=os.environ)
+        if args.verbose:
+            print(shlex.join(argv_), file=sys.stderr, flush=True)
+        try:
+            return run_job(argv_, env=child_env(config, os.environ))
+        except OSError as exc:
+            print(f"horovodishrun: cannot start {runner.path}: {exc}", file=sys.stderr)
+            return 127 if isinstance(exc, FileNotFoundError) else 126
+    finally:
+        if temporary:
+            os.unlink(hostfile)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

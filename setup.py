@@ -1,0 +1,34 @@
+"""Packaging for horovodish: pure Python, no compiler needed."""
+from setuptools import setup
+
+TORCH = ["torch>=2.1"]
+TENSORFLOW = ["tensorflow-cpu>=2.16", "keras>=3.0"]
+MPICH = ["mpich>=4.1"]
+
+setup(
+    name="horovodish",
+    version="0.1.0",
+    description="Horovod-style allreduce runtime for PyTorch and TensorFlow/Keras 3",
+    python_requires=">=3.10",
+    packages=[
+        "horovodish",
+        "horovodish.common",
+        "horovodish.common.backends",
+        "horovodish.torch",
+        "horovodish.tensorflow",
+        "horovodish.tensorflow.keras",
+        "horovodish.launcher",
+    ],
+    package_dir={"horovodish.launcher": "launcher"},
+    install_requires=["numpy>=1.24", "mpi4py>=4.0", "ml_dtypes>=0.3", "cloudpickle>=2.0"],
+    extras_require={
+        "torch": TORCH,
+        "tensorflow": TENSORFLOW,
+        "cupy": ["cupy-cuda12x"],
+        "mpich": MPICH,
+        # Everything a CPU-only test machine needs; torch pinned to the CPU build.
+        "dev": ["torch==2.13.0", *TENSORFLOW, *MPICH, "pytest>=7", "pytest-timeout",
+                "scikit-learn", "matplotlib"],
+    },
+    entry_points={"console_scripts": ["horovodishrun=horovodish.launcher.run:main"]},
+)
