@@ -50,7 +50,7 @@ def check_reduction(dtype: str, op: ReduceOp, prescale: float, postscale: float,
     if dtype == "bool":
         if op in (ReduceOp.AVERAGE, ReduceOp.ADASUM):
             raise TypeError(
-                f"{opname} of tensor '{tensor_name}': op {op.name} is not defined for bool "
+                f"{opname} of tensor '{tensor_name}': op {op.name.capitalize()} is not defined for bool "
                 "tensors; use Sum (logical or), Min or Product (logical and), or Max."
             )
         if prescale != 1.0 or postscale != 1.0:

@@ -14,7 +14,7 @@ from ..dtypes import MPI_REDUCIBLE
 from ..messages import ReduceOp, RequestType
 from .base import Backend, reduce_ufunc
 
-_CHUNK_BYTES = 1 << 20
+_CHUNK_BYTES = 4 << 20
 _REDUCING = (RequestType.ALLREDUCE, RequestType.REDUCESCATTER)
 
 
@@ -72,7 +72,7 @@ class RingBackend(Backend):
             target = buf[offsets[recv_seg]:offsets[recv_seg + 1]]
             for send_chunk, recv_chunk, target_chunk in self._chunks(
                     send, tmp[:target.size], target, max(counts)):
-                self.comm.Sendrecv(send_chunk, right, recvbuf=recv_chunk, source=left)
+                self.comm.Sendrecv(send_chunk, right, recvbuf=_bytes(recv_chunk), source=left)
                 ufunc(target_chunk, recv_chunk, out=target_chunk)
 
     def _allgather(self, buf: np.ndarray, offsets: list[int]) -> None:
@@ -85,7 +85,7 @@ class RingBackend(Backend):
             send = buf[offsets[send_seg]:offsets[send_seg + 1]]
             recv = buf[offsets[recv_seg]:offsets[recv_seg + 1]]
             for send_chunk, recv_chunk, _ in self._chunks(send, recv, recv, longest):
-                self.comm.Sendrecv(send_chunk, right, recvbuf=recv_chunk, source=left)
+                self.comm.Sendrecv(send_chunk, right, recvbuf=_bytes(recv_chunk), source=left)
 
     def _chunks(self, send: np.ndarray, recv: np.ndarray, target: np.ndarray, longest: int):
         """Chunks of the send and receive segments. Every rank iterates over the longest

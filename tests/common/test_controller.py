@@ -1,0 +1,215 @@
+"""Controller and coordinator logic in one process with a fake transport."""
+from __future__ import annotations
+
+import pytest
+
+from horovodish.common.fusion import FusionBuffers, plan_fusion
+from horovodish.common.messages import ReduceOp, Request, RequestType, Response
+
+from .fake_world import FakeWorld
+
+
+def ar(name: str, shape=(4,), dtype="float32", **kw) -> Request:
+    return Request(name=name, type=RequestType.ALLREDUCE, dtype=dtype, shape=shape, **kw)
+
+
+def names(result) -> list[str]:
+    return [r.name for r in result.responses]
+
+
+def test_same_order_on_every_rank_whatever_the_submit_order():
+    world = FakeWorld(3)
+    batch = [ar(n) for n in "abcdef"]
+    results = world.cycle({0: batch, 1: batch[::-1], 2: batch[2:] + batch[:2]})
+    assert names(results[0]) == names(results[1]) == names(results[2])
+    assert sorted(names(results[0])) == list("abcdef")
+
+
+def test_ready_only_when_every_rank_submitted():
+    world = FakeWorld(2)
+    first = world.cycle({0: [ar("x")]})
+    assert names(first[0]) == names(first[1]) == []
+    assert world.controllers[0].has_pending and not world.controllers[1].has_pending
+    second = world.cycle({1: [ar("x")]})
+    assert names(second[0]) == names(second[1]) == ["x"]
+    assert not world.controllers[0].has_pending
+
+
+def test_cache_hit_uses_one_allreduce_and_no_coordinator_round_trip():
+    world = FakeWorld(2)
+    world.cycle({0: [ar("x"), ar("y")], 1: [ar("y"), ar("x")]})
+    calls = dict(world.exchange.calls)
+    results = world.cycle({0: [ar("y"), ar("x")], 1: [ar("x"), ar("y")]})
+    assert sorted(names(results[0])) == ["x", "y"] and names(results[0]) == names(results[1])
+    assert world.exchange.calls["allreduce_and"] == calls["allreduce_and"] + 1
+    assert world.exchange.calls["gather"] == calls["gather"]
+    assert not results[0].negotiated_slow
+    assert world.controllers[0].fast_cycles >= 1
+
+
+def test_cached_tensor_waits_for_the_late_rank():
+    world = FakeWorld(2)
+    world.cycle({0: [ar("x")], 1: [ar("x")]})
+    early = world.cycle({0: [ar("x")]})
+    assert names(early[0]) == [] and not early[0].negotiated_slow
+    late = world.cycle({1: [ar("x")]})
+    assert names(late[0]) == names(late[1]) == ["x"]
+
+
+def test_cache_invalidation_when_one_rank_changes_shape():
+    world = FakeWorld(2)
+    world.cycle({0: [ar("x")], 1: [ar("x")]})
+    results = world.cycle({0: [ar("x")], 1: [ar("x", shape=(5,))]})
+    assert results[0].negotiated_slow
+    (response,) = results[0].responses
+    assert response.error is not None and "'x'" in response.error and "(4,)" in response.error
+    assert results[1].responses[0].error == response.error
+    assert len(world.controllers[0].cache) == len(world.controllers[1].cache) == 0
+    # and it renegotiates and caches again afterwards
+    again = world.cycle({0: [ar("x", shape=(5,))], 1: [ar("x", shape=(5,))]})
+    assert again[0].responses[0].error is None and len(world.controllers[0].cache) == 1
+
+
+def test_cache_eviction_keeps_ranks_consistent():
+    world = FakeWorld(2, cache_capacity=2)
+    for round_ in range(3):
+        for name in "abc":
+            results = world.cycle({0: [ar(name)], 1: [ar(name)]})
+            assert names(results[0]) == names(results[1]) == [name]
+    caches = [c.cache for c in world.controllers]
+    assert len(caches[0]) == 2
+    assert [(b, r.name) for b, r in caches[0].bits()] == [(b, r.name) for b, r in caches[1].bits()]
+
+
+def test_cache_disabled():
+    world = FakeWorld(2, cache_capacity=0)
+    for _ in range(2):
+        results = world.cycle({0: [ar("x")], 1: [ar("x")]})
+        assert names(results[0]) == ["x"] and results[0].negotiated_slow
+
+
+MISMATCHES = [
+    ("dtype", ar("t"), ar("t", dtype="float64"), ["float32", "float64"]),
+    ("shape", ar("t"), ar("t", shape=(2, 2)), ["(4,)", "(2, 2)"]),
+    ("reduce op", ar("t"), ar("t", reduce_op=ReduceOp.MAX), ["Sum", "Max"]),
+    ("prescale factor", ar("t"), ar("t", prescale=2.0), ["1.0", "2.0"]),
+    ("postscale factor", ar("t"), ar("t", postscale=3.0), ["3.0"]),
+    ("device class", ar("t"), ar("t", device="cuda"), ["cpu", "cuda"]),
+    ("collective", ar("t"), Request("t", RequestType.ALLGATHER, "float32", (4,)),
+     ["allreduce", "allgather"]),
+    ("root rank", Request("t", RequestType.BROADCAST, "float32", (4,), root_rank=0),
+     Request("t", RequestType.BROADCAST, "float32", (4,), root_rank=1), ["rank 0: 0"]),
+    ("shape after the first dimension", Request("t", RequestType.ALLGATHER, "float32", (4, 2)),
+     Request("t", RequestType.ALLGATHER, "float32", (1, 3)), ["(2,)", "(3,)"]),
+    ("use of explicit splits", Request("t", RequestType.ALLTOALL, "float32", (2,), splits=(1, 1)),
+     Request("t", RequestType.ALLTOALL, "float32", (2,)), ["True", "False"]),
+]
+
+
+@pytest.mark.parametrize("what,mine,theirs,needles", MISMATCHES, ids=[m[0] for m in MISMATCHES])
+def test_every_mismatch_names_tensor_and_difference(what, mine, theirs, needles):
+    world = FakeWorld(2)
+    results = world.cycle({0: [mine], 1: [theirs]})
+    for result in results:
+        (response,) = result.responses
+        assert response.error is not None
+        assert "'t'" in response.error and what in response.error
+        for needle in needles:
+            assert needle in response.error
+    # the next collective still works
+    ok = world.cycle({0: [ar("next")], 1: [ar("next")]})
+    assert ok[0].responses[0].error is None
+
+
+def test_allgather_and_alltoall_responses_carry_every_ranks_sizes():
+    world = FakeWorld(2)
+    results = world.cycle({
+        0: [Request("g", RequestType.ALLGATHER, "float32", (3, 2)),
+            Request("a", RequestType.ALLTOALL, "float32", (3,), splits=(1, 2))],
+        1: [Request("g", RequestType.ALLGATHER, "float32", (0, 2)),
+            Request("a", RequestType.ALLTOALL, "float32", (4,), splits=(4, 0))]})
+    by_name = {r.name: r for r in results[1].responses}
+    assert by_name["g"].first_dims == (3, 0)
+    assert by_name["a"].splits == ((1, 2), (4, 0))
+
+
+def test_join_counts_joined_rank_as_ready_and_reports_last():
+    world = FakeWorld(3)
+    join = Request("join", RequestType.JOIN, "uint8", ())
+    world.cycle({1: [join]})
+    results = world.cycle({0: [ar("x")], 2: [ar("x")]})
+    assert [names(r) for r in results] == [["x"]] * 3
+    # cached allreduce still runs with the joined rank contributing
+    results = world.cycle({0: [ar("x")], 2: [ar("x")]})
+    assert [names(r) for r in results] == [["x"]] * 3
+    # non-allreduce ops error while a rank has joined
+    results = world.cycle({0: [Request("b", RequestType.BROADCAST, "float32", (1,), root_rank=0)],
+                           2: [Request("b", RequestType.BROADCAST, "float32", (1,), root_rank=0)]})
+    assert "join" in results[0].responses[0].error
+    world.cycle({2: [join]})
+    results = world.cycle({0: [join]})
+    for result in results:
+        assert result.responses[-1].type == RequestType.JOIN
+        assert result.responses[-1].last_joined == 0
+
+
+def test_shutdown_flag_reaches_every_rank():
+    world = FakeWorld(3)
+    results = world.cycle(shutdown={1})
+    assert all(r.shutdown for r in results)
+
+
+def test_stall_inspector_names_tensor_and_rank_then_shuts_down():
+    now = [0.0]
+    world = FakeWorld(2, stall_check=2.0, stall_shutdown=8.0, clock=lambda: now[0])
+    world.cycle({0: [ar("lonely_tensor")]})
+    now[0] = 3.0
+    world.cycle()
+    report = world.controllers[0].coordinator.stall.last_report
+    assert "rank 1 has not submitted: lonely_tensor" in report
+    now[0] = 9.0
+    results = world.cycle()
+    assert all(r.shutdown and r.stalled for r in results)
+
+
+def test_stall_inspector_sees_cached_tensors():
+    now = [0.0]
+    world = FakeWorld(2, stall_check=2.0, clock=lambda: now[0])
+    world.cycle({0: [ar("c")], 1: [ar("c")]})
+    world.cycle({0: [ar("c")]})  # cached, waiting for rank 1
+    now[0] = 1.5
+    world.cycle()  # older than half the check time: goes to the coordinator
+    now[0] = 4.0
+    world.cycle()
+    assert "rank 1 has not submitted: c" in world.controllers[0].coordinator.stall.last_report
+    results = world.cycle({1: [ar("c")]})
+    assert names(results[0]) == names(results[1]) == ["c"]
+
+
+def _resp(name, nbytes, dtype="float32", **kw):
+    return Response(name, RequestType.ALLREDUCE, dtype=dtype, shape=(nbytes // 4,), **kw)
+
+
+def test_fusion_groups_by_key_up_to_threshold():
+    responses = [_resp("a", 40), _resp("b", 40, dtype="int32"), _resp("c", 40),
+                 _resp("d", 40, prescale=2.0), _resp("e", 40)]
+    groups = plan_fusion(responses, threshold=100)
+    assert [[r.name for r in g] for g in groups] == [["a", "c"], ["b"], ["d"], ["e"]]
+    assert [[r.name for r in g] for g in plan_fusion(responses, 0)] == [[n] for n in "abcde"]
+    big = plan_fusion(responses, threshold=1 << 20)
+    assert [[r.name for r in g] for g in big] == [["a", "c", "e"], ["b"], ["d"]]
+
+
+def test_fusion_never_fuses_other_collectives_or_errors():
+    responses = [Response("g", RequestType.ALLGATHER, dtype="float32", shape=(1,)),
+                 _resp("a", 4), _resp("x", 4, error="bad"), _resp("b", 4)]
+    groups = plan_fusion(responses, threshold=1 << 20)
+    assert [[r.name for r in g] for g in groups] == [["g"], ["a", "b"], ["x"]]
+
+
+def test_fusion_buffers_are_reused():
+    buffers = FusionBuffers()
+    first = buffers.get(__import__("numpy").dtype("float32"), 100)
+    second = buffers.get(__import__("numpy").dtype("float32"), 50)
+    assert first.base is second.base or first.__array_interface__["data"] == \
+        second.__array_interface__["data"]

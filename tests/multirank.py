@@ -1,0 +1,60 @@
+"""The one way tests start multi-rank jobs: ``run_ranks`` + ``assert_ok``.
+
+Why one helper: every multi-rank test then goes through the real launcher (so the launcher
+is exercised everywhere), gets unbuffered, interleaved stdout+stderr for its failure
+message, and can never hang the suite: on timeout the whole job tree is killed and the
+test fails with whatever the ranks had printed.
+
+Example::
+
+    from multirank import run_ranks, assert_ok
+
+    def test_allreduce():
+        result = run_ranks(Path(__file__).parent / "scripts" / "allreduce.py", np=2)
+        assert_ok(result)
+        assert "rank 1 ok" in result.stdout
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from horovodish.launcher.process import kill_tree
+
+
+def run_ranks(script: str | Path, np: int, args: Sequence[str] = (),
+              env: Mapping[str, str] | None = None,
+              timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``horovodishrun -np N python script args...``; return it with output captured.
+
+    ``result.stdout`` holds stdout and stderr of all ranks and the launcher (``stderr`` is
+    None). The ranks see ``os.environ`` plus ``env`` plus ``PYTHONUNBUFFERED=1``.
+    Raises AssertionError (with the output so far) if the job outlives ``timeout`` seconds.
+    """
+    cmd = [sys.executable, "-m", "horovodish.launcher", "-np", str(np),
+           sys.executable, str(script), *map(str, args)]
+    full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, env=full_env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)  # launcher, mpirun, proxies and ranks
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            out = "<output unavailable: a process kept the pipe open>"
+        raise AssertionError(f"job timed out after {timeout} s: {' '.join(cmd)}\n"
+                             f"--- output ---\n{out}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout=out, stderr=None)
+
+
+def assert_ok(result: subprocess.CompletedProcess) -> None:
+    """Assert the job exited 0; the failure message carries the full output."""
+    assert result.returncode == 0, (
+        f"job failed with exit code {result.returncode}: {' '.join(map(str, result.args))}\n"
+        f"--- output ---\n{result.stdout}")

@@ -1,0 +1,48 @@
+"""Torch collectives on real ranks under the launcher, against numpy references."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from multirank import assert_ok, run_ranks
+
+WORKER = Path(__file__).parent / "workers" / "collectives_worker.py"
+
+
+def _run(np: int, env: dict[str, str] | None = None) -> None:
+    result = run_ranks(WORKER, np, env=env, timeout=240)
+    assert_ok(result)
+    for rank in range(np):
+        assert f"OK rank {rank} of {np}" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("np", [1, 2, 3])
+def test_every_op_dtype_and_shape(np):
+    _run(np)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_ring_backend_without_fusion_or_cache(np):
+    _run(np, {"HOROVODISH_CPU_OPERATIONS": "ring", "HOROVODISH_FUSION_THRESHOLD": "0",
+              "HOROVODISH_CACHE_CAPACITY": "0"})
+
+
+def test_mpi_backend_with_small_fusion_buffer_and_tiny_cache():
+    _run(2, {"HOROVODISH_CPU_OPERATIONS": "mpi", "HOROVODISH_FUSION_THRESHOLD": "256",
+             "HOROVODISH_CACHE_CAPACITY": "3"})
+
+
+def test_shutdown_with_work_in_flight_fails_pending_handles():
+    _run(2, {"SHUTDOWN_IN_FLIGHT": "1"})
+
+
+def test_use_before_init_says_to_call_init():
+    import torch
+
+    import horovodish.torch as hvd
+    if hvd.is_initialized():
+        pytest.skip("initialized by another test in this process")
+    for call in (hvd.rank, hvd.size, lambda: hvd.allreduce(torch.ones(1))):
+        with pytest.raises(ValueError, match=r"init\(\)"):
+            call()

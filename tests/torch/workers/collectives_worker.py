@@ -1,0 +1,290 @@
+"""Every torch collective x dtype x shape against numpy, on every rank.
+
+Each rank's input is a pure function of (rank, name), so every rank can compute every
+other rank's input and hence the exact reference. Exits non-zero on the first failure.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+
+import numpy as np
+import torch
+
+import horovodish.torch as hvd
+
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64, torch.bool]
+SHAPES = [(), (0,), (5,), (3, 4), (2, 0, 3), (17, 3)]
+
+
+def data(rank: int, name: str, shape, dtype: torch.dtype) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{name}/{rank}".encode()))
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    if dtype.is_floating_point:
+        # Small integers: sums are exact in every float type, so references match exactly.
+        return torch.randint(-4, 5, shape, generator=gen).to(dtype)
+    low = 0 if dtype == torch.uint8 else -3
+    return torch.randint(low, 4, shape, generator=gen).to(dtype)
+
+
+def ref_np(t: torch.Tensor) -> np.ndarray:
+    return t.to(torch.float64).numpy() if t.dtype in (torch.bfloat16, torch.float16) else t.numpy()
+
+
+def check(cond: bool, what: str) -> None:
+    if not cond:
+        raise AssertionError(f"rank {hvd.rank()}: {what}")
+
+
+TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 2e-2, torch.float32: 1e-6, torch.float64: 1e-12}
+
+
+def same(got: torch.Tensor, want: np.ndarray, what: str) -> None:
+    """Exact for integers and bool; within the dtype's rounding for floats (Average divides)."""
+    tol = TOLERANCE.get(got.dtype, 0.0)
+    got_np = ref_np(got)
+    check(tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)} != {want.shape}")
+    if got_np.dtype == np.bool_:
+        check(bool((got_np == want).all()), f"{what}: {got_np} != {want}")
+    else:
+        check(np.allclose(got_np.astype(np.float64), np.asarray(want, dtype=np.float64),
+                          rtol=tol, atol=tol), f"{what}: {got_np} != {want}")
+
+
+def allreduce_reference(inputs, op, pre, post, dtype, size):
+    arrays = [ref_np(t) for t in inputs]
+    if dtype == torch.bool:
+        stacked = np.stack(arrays)
+        return {hvd.Sum: stacked.any(0), hvd.Max: stacked.any(0), hvd.Min: stacked.all(0),
+                hvd.Product: stacked.all(0)}[op]
+    if dtype.is_floating_point:
+        arrays = [a * pre for a in arrays]
+    stacked = np.stack(arrays)
+    if op in (hvd.Sum, hvd.Average):
+        result = stacked.sum(0)
+        if op == hvd.Average:
+            result = result / size if dtype.is_floating_point else np.floor_divide(result, size)
+    elif op == hvd.Min:
+        result = stacked.min(0)
+    elif op == hvd.Max:
+        result = stacked.max(0)
+    else:
+        result = stacked.prod(0)
+    return result * post if dtype.is_floating_point else result
+
+
+def test_allreduce(rank: int, size: int) -> None:
+    ops = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+    for dtype in DTYPES:
+        for shape in SHAPES:
+            for op in ops:
+                if dtype == torch.bool and op == hvd.Average:
+                    continue
+                scales = [(1.0, 1.0)]
+                if dtype.is_floating_point and op in (hvd.Sum, hvd.Average):
+                    scales.append((0.5, 4.0))
+                for pre, post in scales:
+                    name = f"ar.{dtype}.{shape}.{op}.{pre}"
+                    inputs = [data(r, name, shape, dtype) for r in range(size)]
+                    want = allreduce_reference(inputs, op, pre, post, dtype, size)
+                    got = hvd.allreduce(inputs[rank], name=name, op=op, prescale_factor=pre,
+                                        postscale_factor=post)
+                    same(got, want, name)
+                    check(got.dtype == dtype, f"{name}: dtype {got.dtype}")
+                    mine = inputs[rank].clone()
+                    hvd.allreduce_(mine, name=name + ".inplace", op=op, prescale_factor=pre,
+                                   postscale_factor=post)
+                    same(mine, want, name + " in place")
+    # Non-contiguous input, in place and not.
+    base = data(rank, "nc", (4, 6), torch.float32)
+    view = base.t()
+    want = sum(ref_np(data(r, "nc", (4, 6), torch.float32)).T for r in range(size))
+    same(hvd.allreduce(view, name="nc", op=hvd.Sum), want, "non-contiguous allreduce")
+    hvd.allreduce_(view, name="nc.inplace", op=hvd.Sum)
+    same(view, want, "non-contiguous allreduce_")
+    # Grouped, with the deprecated average= flag.
+    tensors = [data(rank, f"g{i}", (i + 1, 2), torch.float32) for i in range(4)]
+    outs = hvd.grouped_allreduce(tensors, name="grouped", average=False)
+    for i, out in enumerate(outs):
+        same(out, sum(ref_np(data(r, f"g{i}", (i + 1, 2), torch.float32)) for r in range(size)),
+             f"grouped {i}")
+
+
+def test_allgather(rank: int, size: int) -> None:
+    for dtype in DTYPES:
+        for trailing in [(), (3,), (2, 0)]:
+            name = f"ag.{dtype}.{trailing}"
+            # Uneven first dims; rank 1 sends zero rows.
+            rows = [0 if r == 1 else r + 2 for r in range(size)]
+            inputs = [data(r, name, (rows[r],) + trailing, dtype) for r in range(size)]
+            got = hvd.allgather(inputs[rank], name=name)
+            same(got, np.concatenate([ref_np(t) for t in inputs]), name)
+    outs = hvd.grouped_allgather([torch.full((rank + 1,), rank), torch.ones(2, 2) * rank],
+                                 name="gag")
+    same(outs[0], np.concatenate([np.full(r + 1, r) for r in range(size)]), "grouped allgather 0")
+    same(outs[1], np.concatenate([np.ones((2, 2)) * r for r in range(size)]), "grouped allgather 1")
+
+
+def test_broadcast(rank: int, size: int) -> None:
+    for dtype in DTYPES:
+        for shape in SHAPES:
+            for root in range(size):
+                name = f"bc.{dtype}.{shape}.{root}"
+                inputs = [data(r, name, shape, dtype) for r in range(size)]
+                same(hvd.broadcast(inputs[rank], root, name=name), ref_np(inputs[root]), name)
+                mine = inputs[rank].clone()
+                hvd.broadcast_(mine, root, name=name + ".inplace")
+                same(mine, ref_np(inputs[root]), name + " in place")
+
+
+def test_alltoall(rank: int, size: int) -> None:
+    for dtype in [torch.float32, torch.int64, torch.bfloat16, torch.bool]:
+        name = f"a2a.even.{dtype}"
+        inputs = [data(r, name, (2 * size, 3), dtype) for r in range(size)]
+        got = hvd.alltoall(inputs[rank], name=name)
+        want = np.concatenate([ref_np(inputs[src])[2 * rank:2 * rank + 2] for src in range(size)])
+        same(got, want, name)
+    # Uneven splits: rank r sends (r + dest) % 3 rows to dest.
+    splits = [[(r + d) % 3 for d in range(size)] for r in range(size)]
+    inputs = [data(r, "a2a.splits", (sum(splits[r]), 2), torch.float32) for r in range(size)]
+    got, received = hvd.alltoall(inputs[rank], splits=splits[rank], name="a2a.splits")
+    parts = []
+    for src in range(size):
+        start = sum(splits[src][:rank])
+        parts.append(ref_np(inputs[src])[start:start + splits[src][rank]])
+    same(got, np.concatenate(parts), "alltoall splits")
+    check(received.tolist() == [splits[src][rank] for src in range(size)],
+          f"received splits {received.tolist()}")
+
+
+def test_reducescatter(rank: int, size: int) -> None:
+    for dtype in [torch.float32, torch.float64, torch.int32, torch.float16, torch.bfloat16]:
+        for rows in [size * 2, size * 2 + 1, 1]:  # divisible and not
+            for op in [hvd.Sum, hvd.Average, hvd.Max]:
+                name = f"rs.{dtype}.{rows}.{op}"
+                inputs = [data(r, name, (rows, 3), dtype) for r in range(size)]
+                full = allreduce_reference(inputs, op, 1.0, 1.0, dtype, size)
+                base, extra = divmod(rows, size)
+                start = rank * base + min(rank, extra)
+                count = base + (1 if rank < extra else 0)
+                same(hvd.reducescatter(inputs[rank], name=name, op=op),
+                     full[start:start + count], name)
+    outs = hvd.grouped_reducescatter([torch.ones(size, 2), torch.ones(size * 3)], op=hvd.Sum)
+    same(outs[0], np.full((1, 2), size), "grouped reducescatter 0")
+    same(outs[1], np.full((3,), size), "grouped reducescatter 1")
+
+
+def test_out_of_order_and_burst(rank: int, size: int) -> None:
+    names = [f"ooo.{i}" for i in range(40)]
+    order = names if rank % 2 == 0 else list(reversed(names))
+    handles = {n: hvd.allreduce_async(torch.full((i % 7 + 1,), float(rank + i)), name=n,
+                                      op=hvd.Sum)
+               for i, n in ((names.index(n), n) for n in order)}
+    for i, n in enumerate(names):
+        same(hvd.synchronize(handles[n]), np.full(i % 7 + 1, sum(r + i for r in range(size)),
+                                                    dtype=np.float64), n)
+    for step in range(2):  # twice: the second burst runs from the response cache
+        handles = [hvd.allreduce_async(torch.full((16,), float(rank * i)), name=f"burst.{i}",
+                                       op=hvd.Sum) for i in range(600)]
+        for i, h in enumerate(handles):
+            same(hvd.synchronize(h), np.full(16, sum(r * i for r in range(size)),
+                                             dtype=np.float64), f"burst {i}")
+    check(all(hvd.poll(h) is not None for h in []), "")
+
+
+def test_join_and_barrier(rank: int, size: int) -> None:
+    hvd.barrier()
+    steps = 3 + rank  # uneven: rank r does 3 + r steps
+    for step in range(steps):
+        got = hvd.allreduce(torch.ones(4) * (rank + 1), name="join.step", op=hvd.Average)
+        active = [r for r in range(size) if step < 3 + r]
+        same(got, np.full(4, sum(r + 1 for r in active) / size), f"join step {step}")
+    last = hvd.join()
+    check(last == size - 1, f"join returned {last}, expected {size - 1}")
+    hvd.barrier()
+
+
+def expect_error(fn, kind, *needles: str) -> str:
+    try:
+        fn()
+    except kind as exc:
+        text = str(exc)
+        for needle in needles:
+            check(needle in text, f"error {text!r} lacks {needle!r}")
+        return text
+    raise AssertionError(f"rank {hvd.rank()}: expected {kind.__name__} containing {needles}")
+
+
+def test_errors(rank: int, size: int) -> None:
+    if size > 1:
+        other = rank == 1
+        expect_error(lambda: hvd.allreduce(torch.ones(3, dtype=torch.float64 if other else
+                                                      torch.float32), name="mm.dtype"),
+                     hvd.HorovodInternalError, "mm.dtype", "allreduce", "float32", "float64")
+        expect_error(lambda: hvd.allreduce(torch.ones(3 if other else 2), name="mm.shape"),
+                     hvd.HorovodInternalError, "mm.shape", "(2,)", "(3,)")
+        expect_error(lambda: hvd.allreduce(torch.ones(2), name="mm.op",
+                                           op=hvd.Max if other else hvd.Sum),
+                     hvd.HorovodInternalError, "mm.op", "reduce op", "Max", "Sum")
+        expect_error(lambda: hvd.allreduce(torch.ones(2), name="mm.scale",
+                                           prescale_factor=2.0 if other else 1.0),
+                     hvd.HorovodInternalError, "mm.scale", "prescale")
+        expect_error(lambda: hvd.broadcast(torch.ones(2), 1 if other else 0, name="mm.root"),
+                     hvd.HorovodInternalError, "mm.root", "root rank")
+        expect_error(lambda: hvd.alltoall(torch.ones(size), name="mm.splits",
+                                          splits=[1] * size if other else None),
+                     hvd.HorovodInternalError, "mm.splits", "splits")
+        expect_error(lambda: (hvd.allreduce if other else hvd.allgather)(torch.ones(2),
+                                                                          name="mm.kind"),
+                     hvd.HorovodInternalError, "mm.kind", "allreduce", "allgather")
+        # A cached name whose shape changes on one rank: invalidated, then reported.
+        hvd.allreduce(torch.ones(2), name="mm.cached")
+        expect_error(lambda: hvd.allreduce(torch.ones(3 if other else 2), name="mm.cached"),
+                     hvd.HorovodInternalError, "mm.cached", "shape")
+        # The runtime keeps working.
+        same(hvd.allreduce(torch.ones(2), name="mm.after", op=hvd.Sum), np.full(2, size),
+             "after mismatch")
+    expect_error(lambda: hvd.allreduce(torch.ones(2, dtype=torch.bool), op=hvd.Average),
+                 TypeError, "Average", "bool")
+    expect_error(lambda: hvd.broadcast(torch.ones(2), size), ValueError, "root_rank", "range")
+    expect_error(lambda: hvd.alltoall(torch.ones(3), splits=[1] * (size + 1)), ValueError,
+                 "splits")
+    expect_error(lambda: hvd.alltoall(torch.ones(3), splits=[4] + [0] * (size - 1)),
+                 ValueError, "sum")
+    held = hvd.allreduce_async(torch.ones(1), name="in.flight")
+    expect_error(lambda: hvd.allreduce_async(torch.ones(1), name="in.flight"), ValueError,
+                 "in.flight", "in flight")
+    hvd.synchronize(held)
+
+
+def main() -> None:
+    hvd.init()
+    hvd.init()  # twice is harmless
+    rank, size = hvd.rank(), hvd.size()
+    check(0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1, "topology")
+    for test in [test_allreduce, test_allgather, test_broadcast, test_alltoall,
+                 test_reducescatter, test_out_of_order_and_burst, test_join_and_barrier,
+                 test_errors]:
+        test(rank, size)
+    if os.environ.get("SHUTDOWN_IN_FLIGHT") and size > 1:
+        # Rank 0 leaves a tensor pending that rank 1 never submits, then shuts down.
+        if rank == 0:
+            handle = hvd.allreduce_async(torch.ones(1), name="never.matched")
+        hvd.shutdown()
+        if rank == 0:
+            expect_error(lambda: hvd.synchronize(handle), hvd.HorovodInternalError,
+                         "never.matched", "shut down")
+    print(f"OK rank {rank} of {size}", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception:
+        import traceback
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)
