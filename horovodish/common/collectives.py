@@ -38,8 +38,7 @@ def _handle(name: str) -> Handle:
 
 
 def _request(kind: RequestType, name: str, tensor: np.ndarray, device: str, **fields) -> Request:
-    return Request(name=name, type=kind, dtype=dtype_name(tensor.dtype),
-                   shape=tuple(int(d) for d in tensor.shape), device=device, **fields)
+    return Request(name, kind, dtype_name(tensor.dtype), tensor.shape, device=device, **fields)
 
 
 def reduction_request(kind: RequestType, name: str, tensor: np.ndarray, op: ReduceOp,

@@ -31,6 +31,7 @@ FLAG_UNCACHED = 1
 FLAG_SHUTDOWN = 2
 FLAG_JOINED = 4
 FLAG_STALLED = 8
+_WORD_MASK = (1 << 64) - 1
 
 
 class Transport(ABC):
@@ -100,21 +101,18 @@ class Controller:
 
         hits, uncached, vector = self._classify(now, shutdown)
         reduced = self.transport.allreduce_and(vector)
-        flags = int(~reduced[0])
-        words = self._words
-        invalid = ~reduced[1 + words:] if words else reduced[1:1]
-        ready = reduced[1:1 + words] & ~invalid
+        flags, ready, invalid = self._decode(reduced)
+        ready &= ~invalid
 
-        for bit in _set_bits(invalid):
-            self.cache.erase(bit)
-        for name, bit in hits:
-            if _test_bit(invalid, bit):
-                uncached.append(self._pending[name])
+        if invalid:
+            for bit in _bits_of(invalid):
+                self.cache.erase(bit)
+            uncached.extend(self._pending[name] for name, bit in hits if invalid >> bit & 1)
 
         result = CycleResult(shutdown=bool(flags & FLAG_SHUTDOWN),
                              stalled=bool(flags & FLAG_STALLED))
         self._others_joined = bool(flags & FLAG_JOINED)
-        for bit in _set_bits(ready):
+        for bit in _bits_of(ready):
             response = self.cache.response(bit)
             self.cache.touch(bit)
             self._pending.pop(response.name, None)
@@ -130,34 +128,32 @@ class Controller:
 
     def _classify(self, now: float, shutdown: bool
                   ) -> tuple[list[tuple[str, int]], list[_Pending], np.ndarray]:
-        words = self._words
-        vector = np.zeros(1 + 2 * words, dtype=np.uint64)
-        ready_bits = vector[1:1 + words]
-        invalid_bits = np.zeros(words, dtype=np.uint64)
+        ready = invalid = 0  # bit sets as Python ints: cheap to build and to test
         hits: list[tuple[str, int]] = []
         uncached: list[_Pending] = []
+        caching = self._words > 0
         for name, pending in self._pending.items():
             if pending.sent:
                 continue
             request = pending.request
-            if request.type == RequestType.JOIN or words == 0:
+            if request.type == RequestType.JOIN or not caching:
                 uncached.append(pending)
                 continue
             state, bit = self.cache.lookup(request)
             if state == CacheState.HIT and self._must_bypass_cache(request, pending, now):
                 state = CacheState.INVALID
             if state == CacheState.HIT:
-                _set_bit(ready_bits, bit)
+                ready |= 1 << bit
                 hits.append((name, bit))
             else:
                 if state == CacheState.INVALID:
-                    _set_bit(invalid_bits, bit)
+                    invalid |= 1 << bit
                 uncached.append(pending)
         if self._joined:
             # A joined rank is ready for every cached allreduce: it contributes zeros.
             for bit, response in self.cache.bits():
                 if response.type == RequestType.ALLREDUCE:
-                    _set_bit(ready_bits, bit)
+                    ready |= 1 << bit
         flags = 0
         if uncached:
             flags |= FLAG_UNCACHED
@@ -167,9 +163,24 @@ class Controller:
             flags |= FLAG_JOINED
         if self.coordinator is not None and self.coordinator.check_stall():
             flags |= FLAG_SHUTDOWN | FLAG_STALLED
-        vector[0] = ~np.uint64(flags)
-        vector[1 + words:] = ~invalid_bits
-        return hits, uncached, vector
+        return hits, uncached, self._encode(flags, ready, invalid)
+
+    def _encode(self, flags: int, ready: int, invalid: int) -> np.ndarray:
+        """[~flags | ready | ~invalid] as uint64 words: one AND computes AND and OR parts."""
+        width = 8 * self._words
+        mask = (1 << (64 * self._words)) - 1
+        raw = ((~flags) & _WORD_MASK).to_bytes(8, "little") + ready.to_bytes(width, "little") \
+            + ((~invalid) & mask).to_bytes(width, "little")
+        return np.frombuffer(raw, dtype=np.uint64).copy()
+
+    def _decode(self, words: np.ndarray) -> tuple[int, int, int]:
+        raw = words.tobytes()
+        width = 8 * self._words
+        mask = (1 << (64 * self._words)) - 1
+        flags = ~int.from_bytes(raw[:8], "little") & _WORD_MASK
+        ready = int.from_bytes(raw[8:8 + width], "little")
+        invalid = ~int.from_bytes(raw[8 + width:], "little") & mask
+        return flags, ready, invalid
 
     def _must_bypass_cache(self, request: Request, pending: _Pending, now: float) -> bool:
         if self._others_joined and request.type != RequestType.ALLREDUCE:
@@ -201,19 +212,11 @@ class Controller:
         return names
 
 
-def _set_bit(words: np.ndarray, bit: int) -> None:
-    words[bit >> 6] |= np.uint64(1 << (bit & 63))
-
-
-def _test_bit(words: np.ndarray, bit: int) -> bool:
-    return bool(int(words[bit >> 6]) >> (bit & 63) & 1)
-
-
-def _set_bits(words: np.ndarray) -> list[int]:
-    bits = []
-    for index, word in enumerate(words.tolist()):
-        while word:
-            low = word & -word
-            bits.append(index * 64 + low.bit_length() - 1)
-            word ^= low
-    return bits
+def _bits_of(bits: int) -> list[int]:
+    """Positions of the set bits, ascending."""
+    positions = []
+    while bits:
+        low = bits & -bits
+        positions.append(low.bit_length() - 1)
+        bits ^= low
+    return positions

@@ -72,7 +72,7 @@ class Executor:
     def _allreduce(self, group: list[Response], mine: list[Entry | None]) -> list:
         first = group[0]
         dtype = numpy_dtype(first.dtype)
-        counts = [int(np.prod(r.shape, dtype=np.int64)) for r in group]
+        counts = [r.count for r in group]
         total = sum(counts)
         op = ReduceOp.SUM if first.reduce_op == ReduceOp.AVERAGE else first.reduce_op
         backend = self._backend(RequestType.ALLREDUCE, first, total * dtype.itemsize)

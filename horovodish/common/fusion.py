@@ -18,7 +18,7 @@ def plan_fusion(responses: list[Response], threshold: int) -> list[list[Response
         if response.type != RequestType.ALLREDUCE or response.error is not None or threshold == 0:
             groups.append([response])
             continue
-        key = response.fusion_key()
+        key = response.fusion_key
         nbytes = response.nbytes
         current = open_groups.get(key)
         if current is not None and current[1] + nbytes <= threshold:

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import cached_property
+from math import prod
+
+_ITEMSIZE = {"uint8": 1, "int8": 1, "bool": 1, "int16": 2, "float16": 2, "bfloat16": 2,
+             "int32": 4, "float32": 4, "int64": 8, "float64": 8}
 
 
 class RequestType(IntEnum):
@@ -35,9 +40,10 @@ class ReduceOp(IntEnum):
     PRODUCT = 5
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Request:
-    """One rank's readiness for one tensor."""
+    """One rank's readiness for one tensor. (Not frozen: frozen dataclasses construct
+    slowly, and one is built per submitted tensor.)"""
 
     name: str
     type: RequestType
@@ -49,14 +55,6 @@ class Request:
     postscale: float = 1.0
     device: str = "cpu"
     splits: tuple[int, ...] | None = None
-
-    @property
-    def nbytes_per_row(self) -> int:
-        from .dtypes import numpy_dtype
-        rows = 1
-        for dim in self.shape[1:]:
-            rows *= dim
-        return rows * numpy_dtype(self.dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -81,14 +79,15 @@ class Response:
     error: str | None = None
     last_joined: int = -1
 
-    @property
-    def nbytes(self) -> int:
-        from .dtypes import numpy_dtype
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count * numpy_dtype(self.dtype).itemsize if self.dtype else 0
+    @cached_property
+    def count(self) -> int:
+        return prod(self.shape)
 
+    @cached_property
+    def nbytes(self) -> int:
+        return self.count * _ITEMSIZE.get(self.dtype, 0)
+
+    @cached_property
     def fusion_key(self) -> tuple:
         """Responses with equal keys may share one fused collective."""
         return (self.type, self.dtype, self.device, self.reduce_op, self.prescale, self.postscale)

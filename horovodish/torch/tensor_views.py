@@ -22,7 +22,8 @@ def check_tensor(tensor: torch.Tensor, opname: str) -> None:
 
 def as_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A numpy array sharing memory with a contiguous CPU tensor."""
-    tensor = tensor.detach()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return tensor.numpy()
