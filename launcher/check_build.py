@@ -5,27 +5,44 @@ have?"; this answers it by actually importing them, not by reading package metad
 """
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from importlib import metadata
 
 from .mpirun import locate
 
-# Each probe runs in its own interpreter, all in parallel: a framework that crashes or
-# floods stderr on import cannot take the report down, and the slow imports overlap.
-_VERSION = "import importlib; m = importlib.import_module({0!r}); print(getattr(m, '__version__', '?'))"
-PROBES = {
-    "torch": _VERSION.format("torch"),
-    "tensorflow": _VERSION.format("tensorflow"),
-    "keras": _VERSION.format("keras"),
-    "mpi": ("import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
-            "print(' '.join(MPI.Get_library_version().splitlines()[0].split()), "
-            "f'(mpi4py {mpi4py.__version__})')"),
-    "nccl": ("from cupy.cuda import nccl, runtime; "
-             "assert getattr(nccl, 'available', True) and runtime.getDeviceCount() > 0; "
-             "print(nccl.get_version())"),
-}
 FRAMEWORKS = (("PyTorch", "torch"), ("TensorFlow", "tensorflow"), ("Keras", "keras"))
+# Probe groups, each run in its own interpreter, all in parallel: a framework that crashes
+# or floods stderr on import cannot take the report down, and the slow imports overlap.
+# Keras shares TensorFlow's interpreter because importing it imports TensorFlow anyway.
+GROUPS = (("torch",), ("tensorflow", "keras"), ("mpi",), ("nccl",))
+
+
+def _mpi() -> str:
+    import mpi4py
+    mpi4py.rc.initialize = False  # MPI_Get_library_version needs no MPI_Init
+    mpi4py.rc.finalize = False
+    from mpi4py import MPI
+    first = MPI.Get_library_version().strip().splitlines()[0]
+    return f"{' '.join(first.split())} (mpi4py {mpi4py.__version__})"
+
+
+def _nccl() -> str:
+    from cupy.cuda import nccl, runtime
+    if not getattr(nccl, "available", True) or runtime.getDeviceCount() < 1:
+        raise RuntimeError("no NCCL or no CUDA device")
+    return str(nccl.get_version())
+
+
+def _check(name: str) -> str:
+    """Version string of ``name`` if usable here; raises otherwise."""
+    if name == "mpi":
+        return _mpi()
+    if name == "nccl":
+        return _nccl()
+    module = importlib.import_module(name)
+    return str(getattr(module, "__version__", "unknown version"))
 
 
 def _box(ok: bool) -> str:
@@ -33,23 +50,26 @@ def _box(ok: bool) -> str:
 
 
 def probe_all(timeout: float = 120.0) -> dict[str, str | None]:
-    """Run every probe; name -> first stdout line on success, None on any failure."""
-    procs = {name: subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                    text=True, errors="replace")
-             for name, code in PROBES.items()}
-    results: dict[str, str | None] = {}
-    for name, proc in procs.items():
+    """Run every probe group; name -> version on success, None on any failure."""
+    procs = [subprocess.Popen([sys.executable, "-m", __name__, *group],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, errors="replace")
+             for group in GROUPS]
+    results: dict[str, str | None] = {name: None for group in GROUPS for name in group}
+    for proc in procs:
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
-            results[name] = None
-            continue
-        lines = out.strip().splitlines()
-        results[name] = lines[-1].strip() if proc.returncode == 0 and lines else None
+            out, _ = proc.communicate()
+        for line in out.splitlines():
+            if line.startswith(_TAG):
+                name, _, version = line[len(_TAG):].partition(" ")
+                results[name] = version.strip()
     return results
+
+
+_TAG = "@horovodish-probe "
 
 
 def report() -> str:
@@ -58,20 +78,28 @@ def report() -> str:
         version = metadata.version("horovodish")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    lines = [f"horovodish v{version}:", "", "Available Frameworks:"]
     found = probe_all()
-    for label, module in FRAMEWORKS:
-        ver = found[module]
-        lines.append(f"    {_box(ver is not None)} {label}" + (f" {ver}" if ver else ""))
-    mpi_lib = found["mpi"]
-    lines += ["", "Available Backends:",
-              f"    {_box(mpi_lib is not None)} MPI",
-              f"    {_box(mpi_lib is not None)} Ring",
-              f"    {_box(found['nccl'] is not None)} NCCL" + (f" {found['nccl']}" if found['nccl'] else ""), "", "MPI:"]
-    lines.append(f"    {_box(mpi_lib is not None)} MPI library: {mpi_lib or 'mpi4py not importable'}")
+
+    def row(label: str, value: str | None, detail: str | None = None) -> str:
+        text = detail if detail is not None else (value or "")
+        return f"    {_box(value is not None)} {label}" + (f" {text}" if text else "")
+
+    mpi = found["mpi"]
     runner = locate()
-    if runner is None:
-        lines.append("    [ ] mpirun: not found (pip install mpich)")
-    else:
-        lines.append(f"    [X] mpirun: {runner.path} ({runner.flavour})")
+    lines = [f"horovodish v{version}:", "", "Available Frameworks:"]
+    lines += [row(label, found[module]) for label, module in FRAMEWORKS]
+    lines += ["", "Available Backends:", row("MPI", mpi, ""), row("Ring", mpi, ""),
+              row("NCCL", found["nccl"]), "", "MPI:",
+              row("MPI library:", mpi, mpi or "mpi4py not importable"),
+              row("mpirun:", runner and runner.path,
+                  f"{runner.path} ({runner.flavour})" if runner else "not found (pip install mpich)")]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # probe mode: python -m horovodish.launcher.check_build NAME...
+    for _name in sys.argv[1:]:
+        try:
+            _version = _check(_name)
+        except BaseException:  # anything at all means "not available"
+            continue
+        print(f"{_TAG}{_name} {_version}", flush=True)

@@ -18,7 +18,7 @@ GPU_OPERATIONS = ("nccl", "mpi")
 
 # Below this many bytes MPI's own allreduce wins on one host; above it our ring does.
 # Measured with `python -m horovodish.bench` on 2 ranks (see docs/tuning.md).
-DEFAULT_RING_THRESHOLD = 256 * 1024
+DEFAULT_RING_THRESHOLD = 16 * 1024 * 1024
 
 
 def _parse_bool(text: str) -> bool:

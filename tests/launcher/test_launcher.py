@@ -26,7 +26,9 @@ if str(TESTS) not in sys.path:  # for multirank, whatever conftest does
 from multirank import assert_ok, run_ranks  # noqa: E402
 
 LAUNCH = [sys.executable, "-m", "horovodish.launcher"]
-RANK_ENV = "import os; RANK = os.environ.get('PMI_RANK') or os.environ['OMPI_COMM_WORLD_RANK']; "
+# Ranks run unbuffered, so each line must be one write() or lines of two ranks can mix.
+RANK_ENV = ("import os, sys; RANK = os.environ.get('PMI_RANK') or "
+            "os.environ['OMPI_COMM_WORLD_RANK']; ")
 
 
 def launch(args: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
@@ -248,8 +250,9 @@ def test_check_build():
 
 
 def test_ranks_see_forwarded_env(tmp_path):
-    code = RANK_ENV + ("import json; print(json.dumps({'rank': RANK, **{k: v for k, v in "
-                       "os.environ.items() if k.startswith('HOROVODISH_')}}))")
+    code = RANK_ENV + ("import json; env = {k: v for k, v in os.environ.items() "
+                       "if k.startswith('HOROVODISH_')}; "
+                       "sys.stdout.write(json.dumps({'rank': RANK, **env}) + '\\n')")
     res = launch(["-np", "2", "--verbose", "--fusion-threshold-mb", "1", "--cycle-time-ms",
                   "2.5", "--cache-capacity", "7", "--timeline-filename", "tl.json",
                   "--timeline-mark-cycles", "--no-stall-check", "--autotune",
@@ -286,9 +289,10 @@ def test_hosts_and_hostfile_run(tmp_path, where):
         hf = tmp_path / "hosts"
         hf.write_text("localhost slots=2\n" if where == "hostfile-slots" else "localhost:2\n")
         flags = ["--hostfile", str(hf)]
-    res = launch(["-np", "2", *flags, sys.executable, "-c", RANK_ENV + "print('rank', RANK)"])
+    code = RANK_ENV + "sys.stdout.write(f'rank {RANK}\\n')"
+    res = launch(["-np", "2", *flags, sys.executable, "-c", code])
     assert res.returncode == 0, res.stdout + res.stderr
-    assert sorted(res.stdout.split()) == sorted("rank 0 rank 1".split())
+    assert sorted(res.stdout.splitlines()) == ["rank 0", "rank 1"]
 
 
 def _dead(pid: int) -> bool:
@@ -342,8 +346,8 @@ def test_sigint_stops_every_rank(stubborn):
 
 def test_run_ranks_helper(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(RANK_ENV + "import sys; print('rank', RANK, sys.argv[1:], "
-                      "os.environ['EXTRA'], os.environ['PYTHONUNBUFFERED'])\n")
+    script.write_text(RANK_ENV + "sys.stdout.write(f'rank {RANK} {sys.argv[1:]} "
+                      "{os.environ[\"EXTRA\"]} {os.environ[\"PYTHONUNBUFFERED\"]}\\n')\n")
     result = run_ranks(script, 2, args=["a", "b"], env={"EXTRA": "e"}, timeout=60)
     assert_ok(result)
     for rank in "01":

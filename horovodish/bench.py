@@ -1,0 +1,178 @@
+"""Benchmark: the runtime against raw MPI on the same bytes, in the same run.
+
+    horovodishrun -np 2 python -m horovodish.bench [--json out.json] [--plot busbw.png]
+
+Reports, per size from 4 KiB to 64 MiB: time per synchronous allreduce through the
+runtime and through ``MPI_Allreduce``, algorithm and bus bandwidth, and the ratio of bus
+bandwidths (runtime / MPI; above 1 means the runtime is faster). Then the many-small-tensors
+case (256 x 16 KiB submitted async, then synchronized) against one MPI call on the 4 MiB
+concatenation and against 256 separate MPI calls; and the idle cost: how much a
+compute-bound loop slows while the runtime is initialized and idle.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from .common import basics, collectives
+from .common.messages import ReduceOp
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def _time(fn: Callable[[], None], comm: MPI.Comm, budget: float = 0.6,
+          min_iters: int = 5, max_iters: int = 2000) -> float:
+    """Seconds per call: the slowest rank's mean over an adaptive number of iterations."""
+    for _ in range(3):
+        fn()
+    comm.Barrier()
+    start = time.perf_counter()
+    fn()
+    estimate = max(time.perf_counter() - start, 1e-6)
+    iters = int(comm.allreduce(min(max_iters, max(min_iters, int(budget / estimate))), MPI.MIN))
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    elapsed = (time.perf_counter() - start) / iters
+    return comm.allreduce(elapsed, MPI.MAX)
+
+
+def _busbw(nbytes: int, seconds: float, size: int) -> float:
+    algbw = nbytes / seconds
+    return algbw * (2 * (size - 1) / size if size > 1 else 1.0)
+
+
+def sweep(comm: MPI.Comm, sizes: list[int]) -> list[dict]:
+    size = comm.Get_size()
+    rows = []
+    for nbytes in sizes:
+        buf = np.zeros(nbytes // 4, dtype=np.float32)  # zeros: repeated sums never overflow
+        name = f"bench.{nbytes}"
+        ours = _time(lambda: collectives.allreduce_async(buf, buf, name, ReduceOp.SUM).wait(), comm)
+        raw = _time(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), comm)
+        rows.append({
+            "bytes": nbytes, "runtime_s": ours, "mpi_s": raw,
+            "runtime_algbw": nbytes / ours, "mpi_algbw": nbytes / raw,
+            "runtime_busbw": _busbw(nbytes, ours, size), "mpi_busbw": _busbw(nbytes, raw, size),
+            "ratio": raw / ours,
+        })
+    return rows
+
+
+def many_small(comm: MPI.Comm, count: int = 256, nbytes: int = 16 << 10) -> dict:
+    tensors = [np.zeros(nbytes // 4, dtype=np.float32) for _ in range(count)]
+    names = [f"small.{i}" for i in range(count)]
+
+    def ours() -> None:
+        handles = [collectives.allreduce_async(t, t, n, ReduceOp.SUM)
+                   for t, n in zip(tensors, names)]
+        for handle in handles:
+            handle.wait()
+
+    concat = np.zeros(count * nbytes // 4, dtype=np.float32)
+    ours_s = _time(ours, comm)
+    one_s = _time(lambda: comm.Allreduce(MPI.IN_PLACE, concat, op=MPI.SUM), comm)
+
+    def separate() -> None:
+        for t in tensors:
+            comm.Allreduce(MPI.IN_PLACE, t, op=MPI.SUM)
+    separate_s = _time(separate, comm)
+    return {"count": count, "bytes_each": nbytes, "runtime_s": ours_s,
+            "mpi_one_call_s": one_s, "mpi_separate_s": separate_s,
+            "runtime_over_one_call": ours_s / one_s, "runtime_over_separate": ours_s / separate_s}
+
+
+def _compute_loop(seconds: float = 0.3) -> float:
+    """A single-threaded, GIL-holding loop; returns iterations per second."""
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        total = 0
+        for i in range(2000):
+            total += i * i
+        count += 1
+    return count / (time.perf_counter() - start)
+
+
+def idle_cost(comm: MPI.Comm, rounds: int = 3) -> dict:
+    """Compute-loop speed with no runtime vs with an initialized, idle runtime (alternating)."""
+    without, with_idle = [], []
+    for _ in range(rounds):
+        basics.shutdown()
+        comm.Barrier()
+        without.append(_compute_loop())
+        basics.init()
+        time.sleep(0.05)
+        comm.Barrier()
+        with_idle.append(_compute_loop())
+    base = comm.allreduce(float(np.median(without)), MPI.SUM)
+    idle = comm.allreduce(float(np.median(with_idle)), MPI.SUM)
+    return {"loop_rate_without": base, "loop_rate_idle_runtime": idle,
+            "slowdown_percent": 100.0 * (1 - idle / base)}
+
+
+def _print_report(size: int, rows: list[dict], small: dict, idle: dict) -> None:
+    print(f"horovodish.bench: {size} ranks, float32 Sum allreduce, synchronous, in place")
+    print(f"{'bytes':>10} {'ours us':>10} {'MPI us':>10} {'ours busbw':>12} "
+          f"{'MPI busbw':>12} {'ratio':>7}")
+    for row in rows:
+        print(f"{row['bytes']:>10} {row['runtime_s'] * 1e6:>10.1f} {row['mpi_s'] * 1e6:>10.1f} "
+              f"{row['runtime_busbw'] / 1e9:>9.3f} GB/s {row['mpi_busbw'] / 1e9:>7.3f} GB/s "
+              f"{row['ratio']:>6.2f}x")
+    print(f"\n{small['count']} x {small['bytes_each'] >> 10} KiB async then synchronized: "
+          f"{small['runtime_s'] * 1e3:.2f} ms; one MPI_Allreduce of the concatenation "
+          f"{small['mpi_one_call_s'] * 1e3:.2f} ms ({small['runtime_over_one_call']:.2f}x); "
+          f"{small['count']} separate MPI calls {small['mpi_separate_s'] * 1e3:.2f} ms "
+          f"({small['runtime_over_separate']:.2f}x)")
+    print(f"idle cost: a compute-bound loop runs {idle['slowdown_percent']:.2f}% slower with the "
+          "runtime initialized and idle")
+
+
+def _plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sizes = [r["bytes"] for r in rows]
+    plt.figure(figsize=(7, 4))
+    plt.plot(sizes, [r["runtime_busbw"] / 1e9 for r in rows], "o-", label="horovodish")
+    plt.plot(sizes, [r["mpi_busbw"] / 1e9 for r in rows], "s--", label="MPI_Allreduce")
+    plt.xscale("log", base=2)
+    plt.xlabel("bytes")
+    plt.ylabel("bus bandwidth (GB/s)")
+    plt.legend()
+    plt.grid(alpha=0.3)
+    plt.tight_layout()
+    plt.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m horovodish.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the figures to this file (rank 0)")
+    parser.add_argument("--plot", help="draw bus bandwidth against size to this PNG (rank 0)")
+    parser.add_argument("--max-bytes", type=int, default=SIZES[-1],
+                        help="largest allreduce in the sweep (default 64 MiB)")
+    args = parser.parse_args(argv)
+    basics.init()
+    comm = MPI.COMM_WORLD.Dup()
+    idle = idle_cost(comm)
+    rows = sweep(comm, [s for s in SIZES if s <= args.max_bytes])
+    small = many_small(comm)
+    if comm.Get_rank() == 0:
+        _print_report(comm.Get_size(), rows, small, idle)
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump({"ranks": comm.Get_size(), "allreduce": rows, "many_small": small,
+                           "idle": idle}, handle, indent=2)
+        if args.plot:
+            _plot(rows, args.plot)
+    basics.shutdown()
+
+
+if __name__ == "__main__":
+    main()
