@@ -92,7 +92,8 @@ def report() -> str:
               row("NCCL", found["nccl"]), "", "MPI:",
               row("MPI library:", mpi, mpi or "mpi4py not importable"),
               row("mpirun:", runner and runner.path,
-                  f"{runner.path} ({runner.flavour})" if runner else "not found (pip install mpich)")]
+                  f"{runner.path} ({runner.flavour})" if runner
+                  else "not found (pip install mpich)")]
     return "\n".join(lines)
 
 

@@ -1,10 +1,13 @@
-"""Run the mpirun job in its own process group and pass Ctrl-C / SIGTERM on to all of it.
+"""Run the mpirun job in its own process group and pass SIGINT / SIGTERM on to all of it.
 
-Why its own group: a terminal's Ctrl-C then reaches only the launcher, which forwards it
-once to mpirun; mpirun (Hydra or Open MPI) relays it to the ranks and cleans up. Both MPIs
-put each rank (and Hydra's proxy) in a process group of its own, so ``killpg`` on mpirun's
-group does not reach the ranks: when the grace period runs out the launcher SIGKILLs the
-whole process tree below mpirun, found through /proc (or ``ps``), and then mpirun's group.
+Why its own group: a signal for the launcher then reaches mpirun exactly once (from us),
+and mpirun (Hydra or Open MPI) relays it to the ranks and cleans up. Both MPIs put each
+rank (and Hydra's proxy) in a process group of its own, so ``killpg`` on mpirun's group does
+not reach the ranks: when the grace period runs out the launcher SIGKILLs the whole process
+tree below mpirun, found through /proc (or ``ps``), and then mpirun's group.
+When the launcher runs in the foreground of a terminal, mpirun's group is made the
+foreground group (as a shell does for a job): stdin reaches rank 0 and the terminal's
+Ctrl-C goes straight to mpirun, exactly as with plain ``mpirun``.
 """
 from __future__ import annotations
 
@@ -106,8 +109,7 @@ def _new_group_in_foreground() -> None:  # runs in the child between fork and ex
 def _popen(argv: Sequence[str], env: Mapping[str, str] | None) -> tuple[subprocess.Popen, bool]:
     """Start ``argv`` in a new process group; returns (process, took the terminal)."""
     env = dict(env) if env is not None else None
-    main = threading.current_thread() is threading.main_thread()
-    if main and _owns_terminal():  # preexec_fn is only safe without other threads
+    if threading.active_count() == 1 and _owns_terminal():  # preexec_fn needs no threads
         return subprocess.Popen(list(argv), env=env, preexec_fn=_new_group_in_foreground), True
     if sys.version_info >= (3, 11):
         return subprocess.Popen(list(argv), env=env, process_group=0), False
@@ -151,7 +153,7 @@ def run_job(argv: Sequence[str], env: Mapping[str, str] | None = None,
     try:
         proc, took_terminal = _popen(argv, env)
         state["pgid"] = proc.pid
-        if state["signals"]:
+        if state["signals"] and state["deadline"] is None:  # came before Popen returned
             state["deadline"] = time.monotonic() + grace
             _killpg(proc.pid, state["signals"][0])
         while proc.poll() is None:

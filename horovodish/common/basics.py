@@ -68,6 +68,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             warn_once("MPI was initialized without MPI_THREAD_MULTIPLE; do not call MPI from "
                       "your own threads while horovodish runs.")
+        if config.timeline or config.autotune:
+            warn_once("HOROVODISH_TIMELINE and HOROVODISH_AUTOTUNE are accepted but not "
+                      "implemented yet in this release; they are ignored.")
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         cross = world.Split(local.Get_rank(), key=rank)
         stall = None
