@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--cpu-operations", type=str.lower, choices=CPU_OPERATIONS,
                    help="backend for host-memory collectives")
     p.add_argument("--mpi-args", type=_mpi_args, default=[], metavar='"ARGS"',
-                   help="extra arguments for mpirun (split like a shell would, never run by one)")
+                   help="extra arguments for mpirun, split like a shell would (but never run by one); "
+                        'write --mpi-args="-v" when ARGS is a single dash option')
     p.add_argument("--verbose", action="store_true",
                    help="print the mpirun command line to stderr before running it")
     p.add_argument("--check-build", action="store_true",

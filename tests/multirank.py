@@ -13,6 +13,10 @@ Example::
         result = run_ranks(Path(__file__).parent / "scripts" / "allreduce.py", np=2)
         assert_ok(result)
         assert "rank 1 ok" in result.stdout
+
+Ranks run unbuffered and mpirun merges their output by chunks, so a line that a test will
+parse should leave a rank in one write: ``sys.stdout.write(f"rank {r} ok\\n")``. (``print``
+writes the text and the newline separately, and two ranks' lines can then mix.)
 """
 from __future__ import annotations
 
