@@ -66,6 +66,7 @@ class CycleResult:
     shutdown: bool = False
     stalled: bool = False
     negotiated_slow: bool = False
+    shutdown_ranks: list[int] = field(default_factory=list)
 
 
 class Controller:
@@ -77,6 +78,7 @@ class Controller:
         self.size = transport.size
         self.cache = ResponseCache(cache_capacity)
         self._words = (cache_capacity + 63) // 64
+        self._rank_words = (self.size + 63) // 64
         self.clock = clock
         # A cached request that waited this long goes to the coordinator so that the
         # stall inspector (which only sees the coordinator's table) can name it.
@@ -101,7 +103,7 @@ class Controller:
 
         hits, uncached, vector = self._classify(now, shutdown)
         reduced = self.transport.allreduce_and(vector)
-        flags, ready, invalid = self._decode(reduced)
+        flags, ready, invalid, leaving = self._decode(reduced)
         ready &= ~invalid
 
         if invalid:
@@ -110,7 +112,8 @@ class Controller:
             uncached.extend(self._pending[name] for name, bit in hits if invalid >> bit & 1)
 
         result = CycleResult(shutdown=bool(flags & FLAG_SHUTDOWN),
-                             stalled=bool(flags & FLAG_STALLED))
+                             stalled=bool(flags & FLAG_STALLED),
+                             shutdown_ranks=_bits_of(leaving))
         self._others_joined = bool(flags & FLAG_JOINED)
         for bit in _bits_of(ready):
             response = self.cache.response(bit)
@@ -163,24 +166,27 @@ class Controller:
             flags |= FLAG_JOINED
         if self.coordinator is not None and self.coordinator.check_stall():
             flags |= FLAG_SHUTDOWN | FLAG_STALLED
-        return hits, uncached, self._encode(flags, ready, invalid)
+        leaving = 1 << self.rank if shutdown else 0
+        return hits, uncached, self._encode(flags, ready, invalid, leaving)
 
-    def _encode(self, flags: int, ready: int, invalid: int) -> np.ndarray:
-        """[~flags | ready | ~invalid] as uint64 words: one AND computes AND and OR parts."""
-        width = 8 * self._words
-        mask = (1 << (64 * self._words)) - 1
+    def _encode(self, flags: int, ready: int, invalid: int, leaving: int) -> np.ndarray:
+        """[~flags | ready | ~invalid | ~leaving ranks] as uint64 words: one bitwise AND
+        computes the AND of the ready bits and the OR of everything stored inverted."""
+        width, rank_width = 8 * self._words, 8 * self._rank_words
         raw = ((~flags) & _WORD_MASK).to_bytes(8, "little") + ready.to_bytes(width, "little") \
-            + ((~invalid) & mask).to_bytes(width, "little")
+            + ((~invalid) & _mask(width)).to_bytes(width, "little") \
+            + ((~leaving) & _mask(rank_width)).to_bytes(rank_width, "little")
         return np.frombuffer(raw, dtype=np.uint64).copy()
 
-    def _decode(self, words: np.ndarray) -> tuple[int, int, int]:
+    def _decode(self, words: np.ndarray) -> tuple[int, int, int, int]:
         raw = words.tobytes()
         width = 8 * self._words
-        mask = (1 << (64 * self._words)) - 1
         flags = ~int.from_bytes(raw[:8], "little") & _WORD_MASK
         ready = int.from_bytes(raw[8:8 + width], "little")
-        invalid = ~int.from_bytes(raw[8 + width:], "little") & mask
-        return flags, ready, invalid
+        invalid = ~int.from_bytes(raw[8 + width:8 + 2 * width], "little") & _mask(width)
+        leaving_raw = raw[8 + 2 * width:]
+        leaving = ~int.from_bytes(leaving_raw, "little") & _mask(len(leaving_raw))
+        return flags, ready, invalid, leaving
 
     def _must_bypass_cache(self, request: Request, pending: _Pending, now: float) -> bool:
         if self._others_joined and request.type != RequestType.ALLREDUCE:
@@ -210,6 +216,10 @@ class Controller:
         names = list(self._pending)
         self._pending.clear()
         return names
+
+
+def _mask(nbytes: int) -> int:
+    return (1 << (8 * nbytes)) - 1
 
 
 def _bits_of(bits: int) -> list[int]:

@@ -129,9 +129,26 @@ class Runtime:
                     detail = self._stall_message() if self._stall_message else ""
                     self._stop_reason = (" by the stall inspector (some ranks never submitted "
                                          "a tensor the others did)" + (f": {detail}" if detail else ""))
+                    self._end_job_after_grace()
                 elif not shutdown:
-                    self._stop_reason = " (another rank called shutdown())"
+                    ranks = ", ".join(map(str, result.shutdown_ranks)) or "?"
+                    self._stop_reason = (f" because rank {ranks} shut down (its script ended, "
+                                         "failed, or called shutdown())")
                 return
+
+    def _end_job_after_grace(self, grace: float = 5.0) -> None:
+        """A stall shutdown ends the job: pending handles fail now (so scripts can report
+        and exit); a rank still running after the grace period is aborted, so no rank
+        that never calls another collective can keep the job alive."""
+        log.error("shutting down: %s", self._stop_reason.strip())
+
+        def abort() -> None:
+            from mpi4py import MPI
+            log.error("aborting the job %g s after the stall shutdown", grace)
+            MPI.COMM_WORLD.Abort(1)
+        timer = threading.Timer(grace, abort)
+        timer.daemon = True
+        timer.start()
 
     def _wait_for_work(self, last_start: float, idle_wait: float) -> tuple[list[Entry], bool]:
         with self._cv:

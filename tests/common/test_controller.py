@@ -156,7 +156,7 @@ def test_join_counts_joined_rank_as_ready_and_reports_last():
 def test_shutdown_flag_reaches_every_rank():
     world = FakeWorld(3)
     results = world.cycle(shutdown={1})
-    assert all(r.shutdown for r in results)
+    assert all(r.shutdown and r.shutdown_ranks == [1] for r in results)
 
 
 def test_stall_inspector_names_tensor_and_rank_then_shuts_down():

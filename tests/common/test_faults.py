@@ -1,0 +1,34 @@
+"""Faults end the job cleanly: no hang, a non-zero exit, a message that says why."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from multirank import run_ranks
+
+WORKER = Path(__file__).parent / "workers" / "faults_worker.py"
+
+
+@pytest.mark.parametrize("mode", ["kill", "raise"])
+def test_a_rank_that_dies_ends_the_job(mode):
+    start = time.monotonic()
+    result = run_ranks(WORKER, 3, args=[mode], timeout=90)
+    assert time.monotonic() - start < 60
+    assert result.returncode != 0, result.stdout
+    if mode == "raise":
+        assert "deliberate failure on rank 1" in result.stdout
+        assert "because rank 1 shut down" in result.stdout, result.stdout
+
+
+def test_stall_inspector_names_tensor_and_rank_then_ends_the_job():
+    start = time.monotonic()
+    result = run_ranks(WORKER, 2, args=["stall"], timeout=90, env={
+        "HOROVODISH_STALL_CHECK_TIME_SECONDS": "2",
+        "HOROVODISH_STALL_SHUTDOWN_TIME_SECONDS": "8"})
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0, result.stdout
+    assert elapsed < 30, elapsed
+    assert "rank 1 has not submitted: lonely_tensor" in result.stdout, result.stdout
+    assert "stall inspector" in result.stdout
