@@ -68,9 +68,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             warn_once("MPI was initialized without MPI_THREAD_MULTIPLE; do not call MPI from "
                       "your own threads while horovodish runs.")
-        if config.timeline or config.autotune:
-            warn_once("HOROVODISH_TIMELINE and HOROVODISH_AUTOTUNE are accepted but not "
-                      "implemented yet in this release; they are ignored.")
+        if config.autotune:
+            warn_once("HOROVODISH_AUTOTUNE is accepted but not implemented yet in this "
+                      "release; it is ignored.")
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         cross = world.Split(local.Get_rank(), key=rank)
         stall = None
@@ -82,6 +82,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         executor = Executor(OperationManager(backends), rank, size)
         runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,
                           stall_message=(lambda: stall.last_report) if stall else None)
+        if config.timeline and config.timeline.upper() != "DYNAMIC":
+            runtime.start_timeline(config.timeline, config.timeline_mark_cycles)
         _state = _State(config, world, local, cross, runtime, rank, size)
         if not _atexit_registered:
             atexit.register(shutdown)
@@ -96,6 +98,16 @@ def shutdown() -> None:
         state, _state = _state, None
     if state is not None:
         state.runtime.shutdown()
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start recording a Chrome-trace timeline to file_path (written by rank 0)."""
+    state().runtime.start_timeline(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop recording and close the timeline file; it stays valid JSON."""
+    state().runtime.stop_timeline()
 
 
 def state() -> _State:

@@ -26,6 +26,7 @@ from .coordinator import Coordinator
 from .messages import Request, RequestType, Response
 from .response_cache import CacheState, ResponseCache
 from .stall import StallInspector
+from .timeline import Timeline
 
 FLAG_UNCACHED = 1
 FLAG_SHUTDOWN = 2
@@ -85,6 +86,7 @@ class Controller:
         self._stall_age = stall.check_time / 2 if stall is not None else float("inf")
         self.coordinator = Coordinator(self.size, stall) if self.rank == 0 else None
         self._pending: dict[str, _Pending] = {}
+        self.timeline: Timeline | None = None  # set on rank 0 while a timeline is recording
         self._joined = False
         self._others_joined = False
         self.slow_cycles = 0
@@ -96,10 +98,14 @@ class Controller:
 
     def cycle(self, new_requests: list[Request], shutdown: bool = False) -> CycleResult:
         now = self.clock()
+        timeline = self.timeline
         for request in new_requests:
             self._pending[request.name] = _Pending(request, now)
             if request.type == RequestType.JOIN:
                 self._joined = True
+            elif timeline is not None:
+                timeline.negotiate_start(request.name, request.type.opname)
+                timeline.rank_ready(request.name, self.rank)
 
         hits, uncached, vector = self._classify(now, shutdown)
         reduced = self.transport.allreduce_and(vector)
@@ -201,7 +207,7 @@ class Controller:
         if self.coordinator is not None:
             assert gathered is not None
             for rank, requests in enumerate(gathered):
-                self.coordinator.add(rank, requests)
+                self.coordinator.add(rank, requests, self.timeline)
             responses = self.coordinator.ready_responses()
         responses = self.transport.bcast(responses)
         for response in responses:

@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 
 from .messages import ReduceOp, Request, RequestType, Response
 from .stall import StallInspector
+from .timeline import Timeline
 
 JOIN_NAME = "join"
 
@@ -60,7 +61,8 @@ class Coordinator:
     def joined(self) -> set[int]:
         return set(self._joined)
 
-    def add(self, rank: int, requests: Iterable[Request]) -> None:
+    def add(self, rank: int, requests: Iterable[Request], timeline: Timeline | None = None
+            ) -> None:
         for request in requests:
             if request.type == RequestType.JOIN:
                 self._joined.add(rank)
@@ -69,6 +71,9 @@ class Coordinator:
             self._table.setdefault(request.name, {})[rank] = request
             if self.stall is not None:
                 self.stall.seen(request.name)
+            if timeline is not None and rank != 0:  # rank 0 marks itself at submit
+                timeline.negotiate_start(request.name, request.type.opname)
+                timeline.rank_ready(request.name, rank)
 
     def ready_responses(self) -> list[Response]:
         """Responses for every name all ranks have, in the order names first arrived."""

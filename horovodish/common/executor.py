@@ -14,6 +14,7 @@ from .errors import HorovodInternalError
 from .fusion import FusionBuffers
 from .messages import ReduceOp, RequestType, Response
 from .operations import OperationManager
+from .timeline import Timeline
 
 
 def _reduction_counts(rows: int, size: int) -> list[int]:
@@ -29,20 +30,34 @@ class Executor:
         self.size = size
         self.buffers = FusionBuffers()
         self.last_backend = ""
+        self.timeline: Timeline | None = None  # set by the runtime while recording
+        self._names: list[str] = []
+        self._phase_open = False
 
-    def execute(self, group: list[Response], entries: dict[str, Entry]) -> None:
+    def execute(self, group: list[Response], entries: dict[str, Entry],
+                ready_at_us: float = 0.0) -> None:
         """Run one planned group; failures go to the group's handles, not the caller."""
         first = group[0]
         mine = [entries.pop(r.name, None) for r in group]
         if first.error is not None:
             _fail(mine, HorovodInternalError(first.error))
             return
+        timeline = self.timeline
+        if timeline is not None:
+            self._names = [r.name for r in group]
+            timeline.begin(self._names, first.type.name, ts=ready_at_us)
+            timeline.begin(self._names, "QUEUE", ts=ready_at_us)
+            timeline.end(self._names)
         try:
             results = self._run(first.type, group, mine)
         except Exception as exc:  # a backend failure fails the tensors, not the thread
             _fail(mine, HorovodInternalError(
                 f"{first.type.opname} of {', '.join(repr(r.name) for r in group)} failed: {exc}"))
             return
+        finally:
+            if timeline is not None:
+                self._phase_done()
+                timeline.end(self._names)
         for entry, result in zip(mine, results):
             if entry is not None:
                 entry.handle.finish(result)
@@ -68,6 +83,20 @@ class Executor:
         self.last_backend = backend.name
         return backend
 
+    def _phase(self, phase: str) -> None:
+        """Open a nested timeline phase (closes the previous one of this group)."""
+        timeline = self.timeline
+        if timeline is not None:
+            if self._phase_open:
+                timeline.end(self._names)
+            timeline.begin(self._names, phase)
+            self._phase_open = True
+
+    def _phase_done(self) -> None:
+        if self.timeline is not None and self._phase_open:
+            self.timeline.end(self._names)
+        self._phase_open = False
+
     # -- allreduce -------------------------------------------------------------------
     def _allreduce(self, group: list[Response], mine: list[Entry | None]) -> list:
         first = group[0]
@@ -78,6 +107,7 @@ class Executor:
         backend = self._backend(RequestType.ALLREDUCE, first, total * dtype.itemsize)
         single = len(group) == 1 and mine[0] is not None
         buf = mine[0].output.reshape(-1) if single else self.buffers.get(dtype, total)
+        self._phase("MEMCPY_IN_FUSION_BUFFER")
         offset = 0
         for entry, count in zip(mine, counts):
             target = buf[offset:offset + count]
@@ -86,8 +116,10 @@ class Executor:
             else:
                 _scaled_copy(target, entry.tensor.reshape(-1), first.prescale)
             offset += count
+        self._phase(f"{backend.name.upper()}_ALLREDUCE")
         if total:
             backend.allreduce(buf, op)
+        self._phase("MEMCPY_OUT_FUSION_BUFFER")
         post = first.postscale
         average = first.reduce_op == ReduceOp.AVERAGE
         if average and first.dtype in FLOATING:
@@ -102,6 +134,7 @@ class Executor:
             if average and first.dtype not in FLOATING:
                 np.floor_divide(source, self.size, out=source)
             _scaled_copy(out, source, post)
+        self._phase_done()
         return [entry.output if entry is not None else None for entry in mine]
 
     # -- the rest ---------------------------------------------------------------------
@@ -113,8 +146,10 @@ class Executor:
         row = int(np.prod(row_shape, dtype=np.int64))
         counts = [d * row for d in first_dims]
         backend = self._backend(RequestType.ALLGATHER, response, sum(counts) * out.itemsize)
+        self._phase(f"{backend.name.upper()}_ALLGATHER")
         if out.size:
             backend.allgatherv(entry.tensor.reshape(-1), out.reshape(-1), counts)
+        self._phase_done()
         return out
 
     def _broadcast(self, response: Response, entry: Entry) -> np.ndarray:
@@ -122,8 +157,10 @@ class Executor:
         if self.rank == response.root_rank and out is not entry.tensor:
             np.copyto(out, entry.tensor)
         backend = self._backend(RequestType.BROADCAST, response, out.nbytes)
+        self._phase(f"{backend.name.upper()}_BROADCAST")
         if out.size:
             backend.bcast(out.reshape(-1), response.root_rank)
+        self._phase_done()
         return out
 
     def _alltoall(self, response: Response, entry: Entry) -> tuple[np.ndarray, np.ndarray]:
@@ -134,8 +171,10 @@ class Executor:
         received = [splits[src][self.rank] for src in range(self.size)]
         out = entry.allocate((sum(received),) + row_shape)
         backend = self._backend(RequestType.ALLTOALL, response, entry.tensor.nbytes)
+        self._phase(f"{backend.name.upper()}_ALLTOALL")
         backend.alltoallv(entry.tensor.reshape(-1), [s * row for s in splits[self.rank]],
                           out.reshape(-1), [s * row for s in received])
+        self._phase_done()
         return out, np.asarray(received, dtype=np.int32)
 
     def _reducescatter(self, response: Response, entry: Entry) -> np.ndarray:
@@ -149,8 +188,10 @@ class Executor:
         op = ReduceOp.SUM if response.reduce_op == ReduceOp.AVERAGE else response.reduce_op
         backend = self._backend(RequestType.REDUCESCATTER, response, send.nbytes)
         flat_out = out.reshape(-1)
+        self._phase(f"{backend.name.upper()}_REDUCESCATTER")
         if send.size:
             backend.reducescatter(send, flat_out, counts, op)
+        self._phase_done()
         post = response.postscale
         if response.reduce_op == ReduceOp.AVERAGE:
             if response.dtype in FLOATING:

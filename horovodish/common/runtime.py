@@ -20,6 +20,7 @@ from .entry import Entry
 from .errors import HorovodInternalError
 from .executor import Executor
 from .fusion import plan_fusion
+from .timeline import Timeline
 
 log = logging.getLogger("horovodish")
 
@@ -44,6 +45,7 @@ class Runtime:
         self._stop_reason = ""
         self._in_flight: dict[str, Entry] = {}
         self.cycles = 0
+        self.timeline: Timeline | None = None
         self.cycle_listeners: list[Callable[[CycleResult, float], None]] = []
         self._thread = threading.Thread(target=self._run, name="horovodish-runtime", daemon=True)
         self._thread.start()
@@ -81,6 +83,19 @@ class Runtime:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
+        """Record a timeline from now on (rank 0 writes; other ranks ignore it)."""
+        if self.rank != 0:
+            return
+        old, self.timeline = self.timeline, Timeline(path, mark_cycles)
+        if old is not None:
+            old.close()
+
+    def stop_timeline(self) -> None:
+        old, self.timeline = self.timeline, None
+        if old is not None:
+            old.close()
+
     @property
     def stopped(self) -> bool:
         return self._stopped
@@ -95,6 +110,8 @@ class Runtime:
             log.exception("horovodish runtime thread failed")
             reason = f" after an internal error: {exc}"
         finally:
+            if self.timeline is not None:
+                self.timeline.close()
             with self._cv:
                 self._stopped = True
                 self._stop_reason = reason
@@ -114,14 +131,24 @@ class Runtime:
             busy = bool(new_entries) or self.controller.has_pending
             idle_wait = max(self.cycle_time, 1e-3) if busy else min(idle_wait * 2, _MAX_IDLE_WAIT)
             last_start = time.perf_counter()
+            timeline = self.timeline
+            self.controller.timeline = self.executor.timeline = timeline
+            if timeline is not None:
+                timeline.cycle()
             result = self.controller.cycle([e.request for e in new_entries], shutdown)
             self.cycles += 1
             if result.responses:
+                ready_at = time.perf_counter() * 1e6
+                if timeline is not None:
+                    for response in result.responses:
+                        timeline.negotiate_end(response.name)
                 with self._cv:
                     entries = {r.name: self._in_flight.pop(r.name) for r in result.responses
                                if r.name in self._in_flight}
                 for group in plan_fusion(result.responses, self.fusion_threshold):
-                    self.executor.execute(group, entries)
+                    self.executor.execute(group, entries, ready_at)
+            if timeline is not None:
+                timeline.flush()
             for listener in self.cycle_listeners:
                 listener(result, last_start)
             if result.shutdown:

@@ -7,7 +7,7 @@
 from ..common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
                              gloo_built, init, is_initialized, local_rank, local_size,
                              mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                             rocm_built, shutdown, size)
+                             rocm_built, shutdown, size, start_timeline, stop_timeline)
 from ..common.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ..common.process_sets import ProcessSet, global_process_set
 from .compression import Compression

@@ -1,0 +1,32 @@
+"""Timeline: valid Chrome-trace JSON during and after a run, rows with the phases."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from multirank import assert_ok, run_ranks
+
+WORKER = Path(__file__).parent / "workers" / "timeline_worker.py"
+
+
+def test_timeline_from_environment(tmp_path: Path):
+    path = tmp_path / "timeline.json"
+    result = run_ranks(WORKER, 2, args=["env", str(path)],
+                       env={"HOROVODISH_TIMELINE": str(path)})
+    assert_ok(result)
+    assert result.stdout.count("OK rank") == 2
+
+
+def test_dynamic_timeline_holds_only_what_ran_between_start_and_stop(tmp_path: Path):
+    path = tmp_path / "dynamic.json"
+    result = run_ranks(WORKER, 2, args=["dynamic", str(path)],
+                       env={"HOROVODISH_TIMELINE": "DYNAMIC"})
+    assert_ok(result)
+    assert path.exists()
+
+
+def test_no_file_when_off(tmp_path: Path):
+    path = tmp_path / "never.json"
+    result = run_ranks(WORKER, 2, args=["off", str(path)])
+    assert_ok(result)
+    assert not path.exists()
+    assert list(tmp_path.iterdir()) == []
