@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 import time
 from typing import Callable
 
@@ -77,6 +79,10 @@ def many_small(comm: MPI.Comm, count: int = 256, nbytes: int = 16 << 10) -> dict
 
     concat = np.zeros(count * nbytes // 4, dtype=np.float32)
     ours_s = _time(ours, comm)
+    with tempfile.TemporaryDirectory() as folder:
+        basics.start_timeline(os.path.join(folder, "timeline.json"))
+        timeline_s = _time(ours, comm)
+        basics.stop_timeline()
     one_s = _time(lambda: comm.Allreduce(MPI.IN_PLACE, concat, op=MPI.SUM), comm)
 
     def separate() -> None:
@@ -84,6 +90,8 @@ def many_small(comm: MPI.Comm, count: int = 256, nbytes: int = 16 << 10) -> dict
             comm.Allreduce(MPI.IN_PLACE, t, op=MPI.SUM)
     separate_s = _time(separate, comm)
     return {"count": count, "bytes_each": nbytes, "runtime_s": ours_s,
+            "runtime_with_timeline_s": timeline_s,
+            "timeline_throughput_loss_percent": 100.0 * (1 - ours_s / timeline_s),
             "mpi_one_call_s": one_s, "mpi_separate_s": separate_s,
             "runtime_over_one_call": ours_s / one_s, "runtime_over_separate": ours_s / separate_s}
 
@@ -129,6 +137,8 @@ def _print_report(size: int, rows: list[dict], small: dict, idle: dict) -> None:
           f"{small['mpi_one_call_s'] * 1e3:.2f} ms ({small['runtime_over_one_call']:.2f}x); "
           f"{small['count']} separate MPI calls {small['mpi_separate_s'] * 1e3:.2f} ms "
           f"({small['runtime_over_separate']:.2f}x)")
+    print(f"timeline on: the same burst takes {small['runtime_with_timeline_s'] * 1e3:.2f} ms "
+          f"({small['timeline_throughput_loss_percent']:.1f}% less throughput)")
     print(f"idle cost: a compute-bound loop runs {idle['slowdown_percent']:.2f}% slower with the "
           "runtime initialized and idle")
 

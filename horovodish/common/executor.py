@@ -14,7 +14,7 @@ from .errors import HorovodInternalError
 from .fusion import FusionBuffers
 from .messages import ReduceOp, RequestType, Response
 from .operations import OperationManager
-from .timeline import Timeline
+from .timeline import Timeline, now_us
 
 
 def _reduction_counts(rows: int, size: int) -> list[int]:
@@ -31,8 +31,7 @@ class Executor:
         self.buffers = FusionBuffers()
         self.last_backend = ""
         self.timeline: Timeline | None = None  # set by the runtime while recording
-        self._names: list[str] = []
-        self._phase_open = False
+        self._marks: list[tuple[str, float]] = []
 
     def execute(self, group: list[Response], entries: dict[str, Entry],
                 ready_at_us: float = 0.0) -> None:
@@ -44,10 +43,7 @@ class Executor:
             return
         timeline = self.timeline
         if timeline is not None:
-            self._names = [r.name for r in group]
-            timeline.begin(self._names, first.type.name, ts=ready_at_us)
-            timeline.begin(self._names, "QUEUE", ts=ready_at_us)
-            timeline.end(self._names)
+            self._marks = [("QUEUE", ready_at_us)]
         try:
             results = self._run(first.type, group, mine)
         except Exception as exc:  # a backend failure fails the tensors, not the thread
@@ -56,8 +52,7 @@ class Executor:
             return
         finally:
             if timeline is not None:
-                self._phase_done()
-                timeline.end(self._names)
+                timeline.group([r.name for r in group], first.type.name, self._marks, now_us())
         for entry, result in zip(mine, results):
             if entry is not None:
                 entry.handle.finish(result)
@@ -84,18 +79,9 @@ class Executor:
         return backend
 
     def _phase(self, phase: str) -> None:
-        """Open a nested timeline phase (closes the previous one of this group)."""
-        timeline = self.timeline
-        if timeline is not None:
-            if self._phase_open:
-                timeline.end(self._names)
-            timeline.begin(self._names, phase)
-            self._phase_open = True
-
-    def _phase_done(self) -> None:
-        if self.timeline is not None and self._phase_open:
-            self.timeline.end(self._names)
-        self._phase_open = False
+        """Mark the start of a timeline phase; it lasts until the next mark."""
+        if self.timeline is not None:
+            self._marks.append((phase, now_us()))
 
     # -- allreduce -------------------------------------------------------------------
     def _allreduce(self, group: list[Response], mine: list[Entry | None]) -> list:
@@ -134,7 +120,6 @@ class Executor:
             if average and first.dtype not in FLOATING:
                 np.floor_divide(source, self.size, out=source)
             _scaled_copy(out, source, post)
-        self._phase_done()
         return [entry.output if entry is not None else None for entry in mine]
 
     # -- the rest ---------------------------------------------------------------------
@@ -149,7 +134,6 @@ class Executor:
         self._phase(f"{backend.name.upper()}_ALLGATHER")
         if out.size:
             backend.allgatherv(entry.tensor.reshape(-1), out.reshape(-1), counts)
-        self._phase_done()
         return out
 
     def _broadcast(self, response: Response, entry: Entry) -> np.ndarray:
@@ -160,7 +144,6 @@ class Executor:
         self._phase(f"{backend.name.upper()}_BROADCAST")
         if out.size:
             backend.bcast(out.reshape(-1), response.root_rank)
-        self._phase_done()
         return out
 
     def _alltoall(self, response: Response, entry: Entry) -> tuple[np.ndarray, np.ndarray]:
@@ -174,7 +157,6 @@ class Executor:
         self._phase(f"{backend.name.upper()}_ALLTOALL")
         backend.alltoallv(entry.tensor.reshape(-1), [s * row for s in splits[self.rank]],
                           out.reshape(-1), [s * row for s in received])
-        self._phase_done()
         return out, np.asarray(received, dtype=np.int32)
 
     def _reducescatter(self, response: Response, entry: Entry) -> np.ndarray:
@@ -191,7 +173,6 @@ class Executor:
         self._phase(f"{backend.name.upper()}_REDUCESCATTER")
         if send.size:
             backend.reducescatter(send, flat_out, counts, op)
-        self._phase_done()
         post = response.postscale
         if response.reduce_op == ReduceOp.AVERAGE:
             if response.dtype in FLOATING:

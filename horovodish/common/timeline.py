@@ -1,6 +1,7 @@
 """Timeline: a Chrome-trace JSON file from rank 0, one row per tensor.
 
-Rows show NEGOTIATE_<OP> (with an instant mark as each rank reports ready), then the op
+Rows show NEGOTIATE_<OP> (with an instant mark as each rank reports ready; on the cache
+fast path only rank 0's own mark is known), then the op
 with nested phases: QUEUE (ready, waiting behind earlier groups), MEMCPY_IN_FUSION_BUFFER,
 the collective named after its backend (e.g. RING_ALLREDUCE), MEMCPY_OUT_FUSION_BUFFER.
 The file ends in ']' after every flush, so it parses while training runs (Perfetto,
@@ -16,7 +17,7 @@ import time
 _FLUSH_INTERVAL = 0.2
 
 
-def _now_us() -> float:
+def now_us() -> float:
     return time.perf_counter() * 1e6
 
 
@@ -29,7 +30,7 @@ class Timeline:
         self._lock = threading.Lock()
         self._closed = False
         self._last_flush = 0.0
-        self._negotiating: set[str] = set()
+        self._negotiating: dict[str, tuple[str, float]] = {}
         self._file = open(path, "w+b")
         self._file.write(b"[\n")
         self._empty = True
@@ -49,41 +50,40 @@ class Timeline:
                         "args": {"name": name}})
         return row
 
-    def _span(self, ph: str, name: str, phase: str, ts: float | None = None,
-              args: dict | None = None) -> None:
-        event = {"name": phase, "ph": ph, "pid": 0, "tid": self._row(name),
-                 "ts": _now_us() if ts is None else ts}
-        if args:
-            event["args"] = args
-        self._emit(event)
-
     def negotiate_start(self, name: str, opname: str) -> None:
         if name not in self._negotiating:
-            self._negotiating.add(name)
-            self._span("B", name, f"NEGOTIATE_{opname.upper()}")
+            self._negotiating[name] = (f"NEGOTIATE_{opname.upper()}", now_us())
 
     def rank_ready(self, name: str, rank: int) -> None:
-        self._emit({"name": str(rank), "ph": "i", "s": "t", "pid": 0, "tid": self._row(name),
-                    "ts": _now_us()})
+        self._events.append(f'{{"name":"{rank}","ph":"i","s":"t","pid":0,'
+                            f'"tid":{self._row(name)},"ts":{now_us():.3f}}}')
 
     def negotiate_end(self, name: str) -> None:
-        if name in self._negotiating:
-            self._negotiating.discard(name)
-            self._span("E", name, "")
+        started = self._negotiating.pop(name, None)
+        if started is not None:
+            phase, start = started
+            self._events.append(f'{{"name":"{phase}","ph":"X","pid":0,"tid":{self._row(name)},'
+                                f'"ts":{start:.3f},"dur":{now_us() - start:.3f}}}')
 
-    def begin(self, names: list[str], phase: str, ts: float | None = None,
-              args: dict | None = None) -> None:
-        for name in names:
-            self._span("B", name, phase, ts, args)
+    def group(self, names: list[str], opname: str, marks: list[tuple[str, float]],
+              end: float) -> None:
+        """One executed group: the op span and its consecutive phases, on every row.
 
-    def end(self, names: list[str], ts: float | None = None) -> None:
-        for name in names:
-            self._span("E", name, "", ts)
+        marks are (phase, start) pairs; each phase ends where the next starts. Each event
+        body is formatted once per group and only the row differs per tensor, which keeps
+        the cost per tensor to a string concatenation.
+        """
+        start = marks[0][1]
+        bodies = [f'"name":"{opname}","ph":"X","ts":{start:.3f},"dur":{end - start:.3f}}}']
+        for (phase, begin), (_, finish) in zip(marks, marks[1:] + [("", end)]):
+            bodies.append(f'"name":"{phase}","ph":"X","ts":{begin:.3f},"dur":{finish - begin:.3f}}}')
+        rows = [self._row(name) for name in names]
+        self._events.extend(f'{{"pid":0,"tid":{row},{body}' for body in bodies for row in rows)
 
     def cycle(self) -> None:
         if self.mark_cycles:
             self._emit({"name": "CYCLE_START", "ph": "i", "s": "g", "pid": 0, "tid": 0,
-                        "ts": _now_us()})
+                        "ts": now_us()})
 
     # -- file ----------------------------------------------------------------------------
     def flush(self, force: bool = False) -> None:

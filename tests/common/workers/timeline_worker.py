@@ -25,7 +25,7 @@ def rows(path: str) -> dict[str, set[str]]:
     names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     phases: dict[str, set[str]] = {}
     for event in events:
-        if event["ph"] == "B" and event.get("tid") in names:
+        if event["ph"] in ("B", "X") and event.get("tid") in names:
             phases.setdefault(names[event["tid"]], set()).add(event["name"])
     return phases
 
