@@ -68,9 +68,6 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             warn_once("MPI was initialized without MPI_THREAD_MULTIPLE; do not call MPI from "
                       "your own threads while horovodish runs.")
-        if config.autotune:
-            warn_once("HOROVODISH_AUTOTUNE is accepted but not implemented yet in this "
-                      "release; it is ignored.")
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         cross = world.Split(local.Get_rank(), key=rank)
         stall = None
@@ -82,6 +79,12 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         executor = Executor(OperationManager(backends), rank, size)
         runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,
                           stall_message=(lambda: stall.last_report) if stall else None)
+        if config.autotune and rank == 0:
+            from .autotune import Autotuner, Params
+            runtime.autotuner = Autotuner(
+                Params(config.fusion_threshold, config.cycle_time_ms),
+                tune_fusion="FUSION_THRESHOLD" not in config.explicit,
+                tune_cycle="CYCLE_TIME" not in config.explicit, log_path=config.autotune_log)
         if config.timeline and config.timeline.upper() != "DYNAMIC":
             runtime.start_timeline(config.timeline, config.timeline_mark_cycles)
         _state = _State(config, world, local, cross, runtime, rank, size)

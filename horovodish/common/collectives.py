@@ -43,24 +43,34 @@ def _request(kind: RequestType, name: str, tensor: np.ndarray, device: str, **fi
 
 def reduction_request(kind: RequestType, name: str, tensor: np.ndarray, op: ReduceOp,
                       prescale: float, postscale: float, device: str) -> Request:
-    request = _request(kind, name, tensor, device, reduce_op=ReduceOp(op),
-                       prescale=float(prescale), postscale=float(postscale))
-    if request.reduce_op == ReduceOp.ADASUM:
-        raise NotImplementedError(
-            f"{kind.opname} of tensor '{name}': op Adasum is not implemented yet; use Average or Sum.")
-    check_reduction(request.dtype, request.reduce_op, request.prescale, request.postscale,
-                    kind.opname, name)
+    request = _request(kind, name, tensor, device, reduce_op=op, prescale=prescale,
+                       postscale=postscale)
+    if request.dtype == "bool":
+        check_reduction(request.dtype, op, prescale, postscale, kind.opname, name)
     return request
+
+
+def _reduction_args(kind: RequestType, op: ReduceOp, prescale: float, postscale: float,
+                    first_name: str) -> tuple[ReduceOp, float, float]:
+    """Normalise and check the arguments shared by a whole group, once per call."""
+    op = ReduceOp(op)
+    if op == ReduceOp.ADASUM:
+        raise NotImplementedError(f"{kind.opname} of tensor '{first_name}': op Adasum is not "
+                                  "implemented yet; use Average or Sum.")
+    return op, float(prescale), float(postscale)
 
 
 def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
                             names: Sequence[str], op: ReduceOp, prescale: float = 1.0,
                             postscale: float = 1.0, device: str = "cpu") -> list[Handle]:
     """Allreduce several tensors; they enter negotiation in the same cycle, so they fuse."""
-    basics.state()
+    kick = basics.state().runtime.kick
+    kind = RequestType.ALLREDUCE
+    op, prescale, postscale = _reduction_args(kind, op, prescale, postscale,
+                                              names[0] if names else "")
     entries = [
-        Entry(reduction_request(RequestType.ALLREDUCE, name, tensor, op, prescale, postscale,
-                                device), tensor, _handle(name), output=output)
+        Entry(reduction_request(kind, name, tensor, op, prescale, postscale, device), tensor,
+              Handle(name, kick), output=output)
         for tensor, output, name in zip(tensors, outputs, names)
     ]
     return _submit(entries)
@@ -140,6 +150,8 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], outputs: Sequence
         if tensor.ndim == 0:
             raise ValueError(f"reducescatter of tensor '{name}': a 0-dim tensor cannot be "
                              "scattered; reshape it to (1,).")
+        op, prescale, postscale = _reduction_args(RequestType.REDUCESCATTER, op, prescale,
+                                                  postscale, name)
         request = reduction_request(RequestType.REDUCESCATTER, name, tensor, op, prescale,
                                     postscale, device)
         entries.append(Entry(request, tensor, _handle(name), output=output))

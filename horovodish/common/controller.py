@@ -68,6 +68,7 @@ class CycleResult:
     stalled: bool = False
     negotiated_slow: bool = False
     shutdown_ranks: list[int] = field(default_factory=list)
+    params: Any = None  # new tunables from rank 0's autotuner, applied after this cycle
 
 
 class Controller:
@@ -87,6 +88,7 @@ class Controller:
         self.coordinator = Coordinator(self.size, stall) if self.rank == 0 else None
         self._pending: dict[str, _Pending] = {}
         self.timeline: Timeline | None = None  # set on rank 0 while a timeline is recording
+        self.params_to_send: Any = None  # rank 0: autotuned parameters for every rank
         self._joined = False
         self._others_joined = False
         self.slow_cycles = 0
@@ -129,7 +131,8 @@ class Controller:
 
         if flags & FLAG_UNCACHED:
             result.negotiated_slow = True
-            result.responses.extend(self._negotiate_slow(uncached))
+            responses, result.params = self._negotiate_slow(uncached)
+            result.responses.extend(responses)
             self.slow_cycles += 1
         else:
             self.fast_cycles += 1
@@ -164,8 +167,8 @@ class Controller:
                 if response.type == RequestType.ALLREDUCE:
                     ready |= 1 << bit
         flags = 0
-        if uncached:
-            flags |= FLAG_UNCACHED
+        if uncached or self.params_to_send is not None:
+            flags |= FLAG_UNCACHED  # new parameters travel with the coordinator's broadcast
         if shutdown:
             flags |= FLAG_SHUTDOWN
         if self._joined:
@@ -199,24 +202,25 @@ class Controller:
             return True  # the coordinator must see it to report the join conflict
         return now - pending.submitted_at >= self._stall_age
 
-    def _negotiate_slow(self, uncached: list[_Pending]) -> list[Response]:
+    def _negotiate_slow(self, uncached: list[_Pending]) -> tuple[list[Response], Any]:
         for pending in uncached:
             pending.sent = True
         gathered = self.transport.gather([p.request for p in uncached])
-        responses = None
+        payload = None
         if self.coordinator is not None:
             assert gathered is not None
             for rank, requests in enumerate(gathered):
                 self.coordinator.add(rank, requests, self.timeline)
-            responses = self.coordinator.ready_responses()
-        responses = self.transport.bcast(responses)
+            payload = (self.coordinator.ready_responses(), self.params_to_send)
+            self.params_to_send = None
+        responses, params = self.transport.bcast(payload)
         for response in responses:
             pending = self._pending.pop(response.name, None)
             if response.type == RequestType.JOIN:
                 self._joined = False
             elif response.error is None:
                 self.cache.put(response, pending.request if pending is not None else None)
-        return responses
+        return responses, params
 
     def fail_all_pending(self) -> list[str]:
         names = list(self._pending)

@@ -20,6 +20,8 @@ from .entry import Entry
 from .errors import HorovodInternalError
 from .executor import Executor
 from .fusion import plan_fusion
+from .autotune import Autotuner
+from .messages import RequestType
 from .timeline import Timeline
 
 log = logging.getLogger("horovodish")
@@ -46,6 +48,7 @@ class Runtime:
         self._in_flight: dict[str, Entry] = {}
         self.cycles = 0
         self.timeline: Timeline | None = None
+        self.autotuner: Autotuner | None = None  # rank 0 only
         self.cycle_listeners: list[Callable[[CycleResult, float], None]] = []
         self._thread = threading.Thread(target=self._run, name="horovodish-runtime", daemon=True)
         self._thread.start()
@@ -59,11 +62,12 @@ class Runtime:
                     f"horovodish has been shut down{self._stop_reason}; cannot run "
                     f"{entries[0].request.type.opname} of '{entries[0].request.name}'.")
             names = [e.request.name for e in entries]
-            for name in names:
-                if name in self._in_flight or names.count(name) > 1:
-                    raise ValueError(
-                        f"a collective on tensor name '{name}' is already in flight; names must "
-                        "be unique among outstanding operations (pass a different name=).")
+            if len(set(names)) != len(names) or not self._in_flight.keys().isdisjoint(names):
+                name = next(n for i, n in enumerate(names)
+                            if n in self._in_flight or n in names[:i])
+                raise ValueError(
+                    f"a collective on tensor name '{name}' is already in flight; names must "
+                    "be unique among outstanding operations (pass a different name=).")
             for entry in entries:
                 self._in_flight[entry.request.name] = entry
             self._queue.extend(entries)
@@ -149,6 +153,15 @@ class Runtime:
                     self.executor.execute(group, entries, ready_at)
             if timeline is not None:
                 timeline.flush()
+            if result.params is not None:
+                self.fusion_threshold = result.params.fusion_threshold
+                self.cycle_time = result.params.cycle_time_ms / 1000.0
+            if self.autotuner is not None:
+                reduced = sum(r.nbytes for r in result.responses
+                              if r.type == RequestType.ALLREDUCE and r.error is None)
+                choice = self.autotuner.record(reduced)
+                if choice is not None:
+                    self.controller.params_to_send = choice
             for listener in self.cycle_listeners:
                 listener(result, last_start)
             if result.shutdown:

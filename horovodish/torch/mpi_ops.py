@@ -85,9 +85,12 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[
                              finish: Callable[[list[Any]], Any]) -> int:
     for tensor in tensors:
         check_tensor(tensor, opname)
-    sources = [_contiguous(t) for t in tensors]
+    sources = [as_numpy(_contiguous(t)) for t in tensors]
+    # In place: hand the core the very same array as input and output, so it skips the copy.
+    targets = [src if out is tensor else as_numpy(out)
+               for src, out, tensor in zip(sources, outputs, tensors)]
     handles = core.grouped_allreduce_async(
-        [as_numpy(t) for t in sources], [as_numpy(o) for o in outputs],
+        sources, targets,
         _names(name, len(tensors), "allreduce"), op, prescale_factor, postscale_factor,
         device_class(tensors[0]) if tensors else "cpu")
     return _register(handles, finish)
@@ -189,8 +192,9 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
 def _broadcast_async(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
                      name: str | None, finish: Callable[[list[Any]], Any]) -> int:
     check_tensor(tensor, "broadcast")
-    source = _contiguous(tensor)
-    handle = core.broadcast_async(as_numpy(source), as_numpy(output), root_rank,
+    source = as_numpy(_contiguous(tensor))
+    target = source if output is tensor else as_numpy(output)
+    handle = core.broadcast_async(source, target, root_rank,
                                   _names(name, 1, "broadcast")[0], device_class(tensor))
     return _register([handle], finish)
 
