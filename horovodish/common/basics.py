@@ -9,7 +9,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .config import Config
@@ -20,11 +20,15 @@ from .errors import not_initialized_error
 class _State:
     config: Config
     comm: Any
+    manage_comm: Any  # main-thread only: creating process sets; never used by a runtime
     local_comm: Any
     cross_comm: Any
     runtime: Any
     rank: int
     size: int
+    dynamic_process_sets: bool = False
+    process_sets: dict[int, Any] = field(default_factory=dict)
+    next_process_set_id: int = 1
 
 
 _state: _State | None = None
@@ -32,32 +36,55 @@ _lock = threading.Lock()
 _atexit_registered = False
 
 
+def build_runtime(comm: Any, config: Config, record_timeline: bool = False) -> Any:
+    """A runtime thread with its own controller, coordinator, cache and backends on comm."""
+    from .backends.mpi import MPIBackend
+    from .backends.ring import RingBackend
+    from .controller import Controller
+    from .executor import Executor
+    from .mpi_transport import MPITransport
+    from .operations import OperationManager
+    from .runtime import Runtime
+    from .stall import StallInspector
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    stall = None
+    if not config.stall_check_disable and size > 1:
+        stall = StallInspector(size, config.stall_check_time, config.stall_shutdown_time)
+    backends = [RingBackend(comm, config.ring_threshold, config.cpu_operations),
+                MPIBackend(comm)]
+    controller = Controller(MPITransport(comm), config.cache_capacity, stall)
+    executor = Executor(OperationManager(backends), rank, size)
+    runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,
+                      stall_message=(lambda: stall.last_report) if stall else None)
+    if config.autotune and rank == 0:
+        from .autotune import Autotuner, Params
+        runtime.autotuner = Autotuner(
+            Params(config.fusion_threshold, config.cycle_time_ms),
+            tune_fusion="FUSION_THRESHOLD" not in config.explicit,
+            tune_cycle="CYCLE_TIME" not in config.explicit, log_path=config.autotune_log)
+    if record_timeline and config.timeline and config.timeline.upper() != "DYNAMIC":
+        runtime.start_timeline(config.timeline, config.timeline_mark_cycles)
+    return runtime
+
+
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Start horovodish on this process (collective: every rank must call it).
 
     ``comm`` may be an mpi4py communicator or a list of world ranks, as in Horovod.
+    ``process_sets`` is a list of ProcessSet to create now, or "dynamic" to allow
+    add_process_set()/remove_process_set() later.
     """
     global _state, _atexit_registered
     with _lock:
         if _state is not None and not _state.runtime.stopped:
             return
-        if process_sets not in (None, [], ()):
-            raise NotImplementedError("process sets other than the global one are not supported yet")
         config = Config.from_env()
         from mpi4py import MPI
 
-        from .backends.mpi import MPIBackend
-        from .backends.ring import RingBackend
-        from .controller import Controller
-        from .executor import Executor
         from .logging_setup import configure, warn_once
-        from .mpi_transport import MPITransport
-        from .operations import OperationManager
-        from .runtime import Runtime
-        from .stall import StallInspector
+        from .process_sets import global_process_set
 
-        if not MPI.Is_initialized():
-            MPI.Init_thread(MPI.THREAD_MULTIPLE)
         base = MPI.COMM_WORLD if comm is None else comm
         if isinstance(base, Sequence):
             group = MPI.COMM_WORLD.Get_group().Incl(list(base))
@@ -70,37 +97,72 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
                       "your own threads while horovodish runs.")
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         cross = world.Split(local.Get_rank(), key=rank)
-        stall = None
-        if not config.stall_check_disable and size > 1:
-            stall = StallInspector(size, config.stall_check_time, config.stall_shutdown_time)
-        backends = [RingBackend(world, config.ring_threshold, config.cpu_operations),
-                    MPIBackend(world)]
-        controller = Controller(MPITransport(world), config.cache_capacity, stall)
-        executor = Executor(OperationManager(backends), rank, size)
-        runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,
-                          stall_message=(lambda: stall.last_report) if stall else None)
-        if config.autotune and rank == 0:
-            from .autotune import Autotuner, Params
-            runtime.autotuner = Autotuner(
-                Params(config.fusion_threshold, config.cycle_time_ms),
-                tune_fusion="FUSION_THRESHOLD" not in config.explicit,
-                tune_cycle="CYCLE_TIME" not in config.explicit, log_path=config.autotune_log)
-        if config.timeline and config.timeline.upper() != "DYNAMIC":
-            runtime.start_timeline(config.timeline, config.timeline_mark_cycles)
-        _state = _State(config, world, local, cross, runtime, rank, size)
+        runtime = build_runtime(world, config, record_timeline=True)
+        dynamic = process_sets == "dynamic" or config.dynamic_process_sets
+        _state = _State(config, world, world.Dup(), local, cross, runtime, rank, size, dynamic)
+        global_process_set.ranks = list(range(size))
+        global_process_set.process_set_id = 0
+        global_process_set.runtime, global_process_set.comm = runtime, world
+        _state.process_sets[0] = global_process_set
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
         logger.debug("initialized: rank %d of %d, config %s", rank, size, config)
+    if isinstance(process_sets, (list, tuple)):
+        for process_set in process_sets:
+            register_process_set(process_set)
+
+
+def register_process_set(process_set: Any) -> None:
+    """Create the set's communicator and, on members, its runtime (collective)."""
+    state_ = state()
+    from mpi4py import MPI
+    if process_set.process_set_id is not None:
+        raise ValueError(f"{process_set!r} is already registered")
+    manage = state_.manage_comm
+    if process_set._comm_source is not None:
+        source = process_set._comm_source
+        process_set.ranks = sorted(MPI.Group.Translate_ranks(
+            source.Get_group(), list(range(source.Get_size())), manage.Get_group()))
+    ranks = process_set.ranks or []
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < state_.size for r in ranks):
+        raise ValueError(f"process set ranks {ranks} must be distinct ranks in 0..{state_.size - 1}")
+    for existing in state_.process_sets.values():
+        if existing.ranks == ranks and existing.process_set_id != 0:
+            raise ValueError(f"a process set with ranks {ranks} already exists: {existing!r}")
+    sub = manage.Create(manage.Get_group().Incl(ranks))
+    process_set.process_set_id = state_.next_process_set_id
+    state_.next_process_set_id += 1
+    if sub != MPI.COMM_NULL:
+        process_set.comm = sub
+        process_set.runtime = build_runtime(sub, state_.config)
+    state_.process_sets[process_set.process_set_id] = process_set
+
+
+def unregister_process_set(process_set: Any) -> bool:
+    state_ = state()
+    if state_.process_sets.pop(process_set.process_set_id, None) is None:
+        return False
+    if process_set.runtime is not None:
+        process_set.runtime.shutdown()  # members agree through their own negotiation
+    state_.manage_comm.Barrier()
+    process_set.runtime = process_set.comm = None
+    process_set.process_set_id = None
+    return True
 
 
 def shutdown() -> None:
     """Stop the runtime thread; pending operations fail with HorovodInternalError."""
     global _state
     with _lock:
-        state, _state = _state, None
-    if state is not None:
-        state.runtime.shutdown()
+        state_, _state = _state, None
+    if state_ is not None:
+        for process_set in list(state_.process_sets.values()):
+            if process_set.runtime is not None and process_set.process_set_id != 0:
+                process_set.runtime.shutdown()
+            process_set.runtime = process_set.comm = None
+            process_set.process_set_id = None
+        state_.runtime.shutdown()
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

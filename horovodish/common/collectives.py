@@ -17,24 +17,36 @@ from .dtypes import check_reduction, dtype_name
 from .entry import Entry
 from .handles import Handle
 from .messages import ReduceOp, Request, RequestType
+from .process_sets import ProcessSet, global_process_set
 
 Allocator = Callable[[tuple[int, ...]], np.ndarray]
 
-_counters: dict[str, itertools.count] = defaultdict(itertools.count)
+_counters: dict[tuple[str, int], itertools.count] = defaultdict(itertools.count)
 
 
-def auto_name(opname: str) -> str:
-    """Unnamed ops get per-process counters; every rank calls them in the same order."""
-    return f"{opname}.noname.{next(_counters[opname])}"
+def auto_name(opname: str, process_set: ProcessSet | None = None) -> str:
+    """Unnamed ops get per-process counters, one per process set, so ranks outside a set
+    do not fall out of step; every member calls them in the same order."""
+    set_id = 0 if process_set is None else (process_set.process_set_id or 0)
+    prefix = opname if set_id == 0 else f"ps{set_id}.{opname}"
+    return f"{prefix}.noname.{next(_counters[(opname, set_id)])}"
 
 
-def _submit(entries: list[Entry]) -> list[Handle]:
-    basics.state().runtime.submit(entries)
+def resolve(process_set: ProcessSet | None) -> ProcessSet:
+    """The set a call runs on; a clear error for a set this rank is not in."""
+    basics.state()
+    if process_set is None or process_set is global_process_set:
+        return global_process_set
+    process_set._require_registered()
+    if process_set.runtime is None:
+        raise ValueError(f"rank {basics.rank()} is not a member of process set "
+                         f"{process_set.ranks}; only its members may run collectives on it.")
+    return process_set
+
+
+def _submit(entries: list[Entry], process_set: ProcessSet) -> list[Handle]:
+    process_set.runtime.submit(entries)
     return [entry.handle for entry in entries]
-
-
-def _handle(name: str) -> Handle:
-    return Handle(name, basics.state().runtime.kick)
 
 
 def _request(kind: RequestType, name: str, tensor: np.ndarray, device: str, **fields) -> Request:
@@ -62,9 +74,11 @@ def _reduction_args(kind: RequestType, op: ReduceOp, prescale: float, postscale:
 
 def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
                             names: Sequence[str], op: ReduceOp, prescale: float = 1.0,
-                            postscale: float = 1.0, device: str = "cpu") -> list[Handle]:
+                            postscale: float = 1.0, device: str = "cpu",
+                            process_set: ProcessSet | None = None) -> list[Handle]:
     """Allreduce several tensors; they enter negotiation in the same cycle, so they fuse."""
-    kick = basics.state().runtime.kick
+    process_set = resolve(process_set)
+    kick = process_set.runtime.kick
     kind = RequestType.ALLREDUCE
     op, prescale, postscale = _reduction_args(kind, op, prescale, postscale,
                                               names[0] if names else "")
@@ -73,46 +87,55 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Sequence[np.
               Handle(name, kick), output=output)
         for tensor, output, name in zip(tensors, outputs, names)
     ]
-    return _submit(entries)
+    return _submit(entries, process_set)
 
 
 def allreduce_async(tensor: np.ndarray, output: np.ndarray, name: str, op: ReduceOp,
-                    prescale: float = 1.0, postscale: float = 1.0,
-                    device: str = "cpu") -> Handle:
-    return grouped_allreduce_async([tensor], [output], [name], op, prescale, postscale, device)[0]
+                    prescale: float = 1.0, postscale: float = 1.0, device: str = "cpu",
+                    process_set: ProcessSet | None = None) -> Handle:
+    return grouped_allreduce_async([tensor], [output], [name], op, prescale, postscale, device,
+                                   process_set)[0]
 
 
 def grouped_allgather_async(tensors: Sequence[np.ndarray], allocators: Sequence[Allocator],
-                            names: Sequence[str], device: str = "cpu") -> list[Handle]:
-    basics.state()
+                            names: Sequence[str], device: str = "cpu",
+                            process_set: ProcessSet | None = None) -> list[Handle]:
+    process_set = resolve(process_set)
+    kick = process_set.runtime.kick
     entries = []
     for tensor, allocate, name in zip(tensors, allocators, names):
         if tensor.ndim == 0:
             raise ValueError(f"allgather of tensor '{name}': a 0-dim tensor has no first "
                              "dimension to gather along; reshape it to (1,).")
         entries.append(Entry(_request(RequestType.ALLGATHER, name, tensor, device), tensor,
-                             _handle(name), allocate=allocate))
-    return _submit(entries)
+                             Handle(name, kick), allocate=allocate))
+    return _submit(entries, process_set)
 
 
-def allgather_async(tensor: np.ndarray, allocate: Allocator, name: str,
-                    device: str = "cpu") -> Handle:
-    return grouped_allgather_async([tensor], [allocate], [name], device)[0]
+def allgather_async(tensor: np.ndarray, allocate: Allocator, name: str, device: str = "cpu",
+                    process_set: ProcessSet | None = None) -> Handle:
+    return grouped_allgather_async([tensor], [allocate], [name], device, process_set)[0]
 
 
 def broadcast_async(tensor: np.ndarray, output: np.ndarray, root_rank: int, name: str,
-                    device: str = "cpu") -> Handle:
-    state = basics.state()
-    if not 0 <= int(root_rank) < state.size:
+                    device: str = "cpu", process_set: ProcessSet | None = None) -> Handle:
+    """root_rank is a world rank (as in Horovod), also for a process set."""
+    process_set = resolve(process_set)
+    size = basics.state().size
+    if not 0 <= int(root_rank) < size:
         raise ValueError(f"broadcast of tensor '{name}': root_rank {root_rank} is out of range "
-                         f"for {state.size} ranks (valid: 0..{state.size - 1}).")
-    request = _request(RequestType.BROADCAST, name, tensor, device, root_rank=int(root_rank))
-    return _submit([Entry(request, tensor, _handle(name), output=output)])[0]
+                         f"for {size} ranks (valid: 0..{size - 1}).")
+    root = process_set.set_rank_of(int(root_rank), f"broadcast of tensor '{name}': root_rank")
+    request = _request(RequestType.BROADCAST, name, tensor, device, root_rank=root)
+    entry = Entry(request, tensor, Handle(name, process_set.runtime.kick), output=output)
+    return _submit([entry], process_set)[0]
 
 
 def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | None, allocate: Allocator,
-                   name: str, device: str = "cpu") -> Handle:
-    size = basics.state().size
+                   name: str, device: str = "cpu",
+                   process_set: ProcessSet | None = None) -> Handle:
+    process_set = resolve(process_set)
+    size = process_set.size()
     if tensor.ndim == 0:
         raise ValueError(f"alltoall of tensor '{name}': a 0-dim tensor cannot be split; "
                          "reshape it to (1,).")
@@ -131,7 +154,8 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | None, allocate: A
             raise ValueError(f"alltoall of tensor '{name}': splits {list(split_tuple)} must be "
                              f"non-negative and sum to the first dimension {rows}.")
     request = _request(RequestType.ALLTOALL, name, tensor, device, splits=split_tuple)
-    return _submit([Entry(request, tensor, _handle(name), allocate=allocate)])[0]
+    entry = Entry(request, tensor, Handle(name, process_set.runtime.kick), allocate=allocate)
+    return _submit([entry], process_set)[0]
 
 
 def reducescatter_shape(shape: Sequence[int], rank: int, size: int) -> tuple[int, ...]:
@@ -143,8 +167,10 @@ def reducescatter_shape(shape: Sequence[int], rank: int, size: int) -> tuple[int
 
 def grouped_reducescatter_async(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
                                 names: Sequence[str], op: ReduceOp, prescale: float = 1.0,
-                                postscale: float = 1.0, device: str = "cpu") -> list[Handle]:
-    basics.state()
+                                postscale: float = 1.0, device: str = "cpu",
+                                process_set: ProcessSet | None = None) -> list[Handle]:
+    process_set = resolve(process_set)
+    kick = process_set.runtime.kick
     entries = []
     for tensor, output, name in zip(tensors, outputs, names):
         if tensor.ndim == 0:
@@ -154,17 +180,22 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], outputs: Sequence
                                                   postscale, name)
         request = reduction_request(RequestType.REDUCESCATTER, name, tensor, op, prescale,
                                     postscale, device)
-        entries.append(Entry(request, tensor, _handle(name), output=output))
-    return _submit(entries)
+        entries.append(Entry(request, tensor, Handle(name, kick), output=output))
+    return _submit(entries, process_set)
 
 
-def barrier_async() -> Handle:
-    name = auto_name("barrier")
+def barrier_async(process_set: ProcessSet | None = None) -> Handle:
+    process_set = resolve(process_set)
+    name = auto_name("barrier", process_set)
     request = Request(name=name, type=RequestType.BARRIER, dtype="uint8", shape=())
-    return _submit([Entry(request, None, _handle(name))])[0]
+    return _submit([Entry(request, None, Handle(name, process_set.runtime.kick))],
+                   process_set)[0]
 
 
 def join_async() -> Handle:
+    """Join runs on the global set (as in Horovod)."""
     from .coordinator import JOIN_NAME
+    process_set = resolve(None)
     request = Request(name=JOIN_NAME, type=RequestType.JOIN, dtype="uint8", shape=())
-    return _submit([Entry(request, None, _handle(JOIN_NAME))])[0]
+    return _submit([Entry(request, None, Handle(JOIN_NAME, process_set.runtime.kick))],
+                   process_set)[0]

@@ -79,6 +79,7 @@ class Config:
     autotune: bool = False
     autotune_log: str | None = None
     log_level: str = "warning"
+    dynamic_process_sets: bool = False
     # Names of the variables the user set explicitly; autotune leaves those alone.
     explicit: frozenset[str] = field(default_factory=frozenset)
 
@@ -107,5 +108,6 @@ class Config:
             autotune=_read(env, "AUTOTUNE", _parse_bool, False),
             autotune_log=_read(env, "AUTOTUNE_LOG", str, "") or None,
             log_level=_read(env, "LOG_LEVEL", _choice(LOG_LEVELS), "warning"),
+            dynamic_process_sets=_read(env, "DYNAMIC_PROCESS_SETS", _parse_bool, False),
             explicit=explicit,
         )

@@ -1,20 +1,99 @@
-"""Process sets. Only the global set exists so far (Horovod's default for every call)."""
+"""Process sets: groups of ranks that run collectives among themselves.
+
+Each set negotiates on its own: it has its own communicator, runtime thread, coordinator
+(the set's lowest rank), response cache and queue, so sets make progress independently.
+Creating and removing sets is collective over all ranks, as in Horovod.
+"""
 from __future__ import annotations
+
+from typing import Any, Sequence
 
 
 class ProcessSet:
-    """A group of ranks that runs collectives among themselves."""
+    """A group of ranks, given as world ranks or as an mpi4py communicator.
 
-    def __init__(self, ranks: list[int] | None = None) -> None:
-        self.ranks = ranks
+        evens = hvd.ProcessSet([0, 2])
+        hvd.init(process_sets=[evens])
+        if evens.included():
+            hvd.allreduce(t, process_set=evens)
+    """
+
+    def __init__(self, ranks: Sequence[int] | Any | None = None) -> None:
+        self._comm_source = None
+        if ranks is not None and hasattr(ranks, "Get_group"):
+            self._comm_source = ranks  # resolved to world ranks at registration
+            ranks = None
+        self.ranks: list[int] | None = sorted(int(r) for r in ranks) if ranks is not None \
+            else None
+        self.process_set_id: int | None = None
+        self.runtime: Any = None
+        self.comm: Any = None
 
     def __repr__(self) -> str:
-        return f"ProcessSet(ranks={self.ranks})"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+    def _require_registered(self) -> None:
+        if self.process_set_id is None:
+            raise ValueError(f"{self!r} is not registered: pass it to hvd.init(process_sets=...) "
+                             "or call hvd.add_process_set() first.")
+
+    def size(self) -> int:
+        self._require_registered()
+        return len(self.ranks)
+
+    def rank(self) -> int:
+        """This process's rank within the set, or -1 if it is not a member."""
+        self._require_registered()
+        from . import basics
+        me = basics.rank()
+        return self.ranks.index(me) if me in self.ranks else -1
+
+    def included(self) -> bool:
+        self._require_registered()
+        from . import basics
+        return basics.rank() in self.ranks
+
+    def set_rank_of(self, world_rank: int, what: str) -> int:
+        """A world rank (as users pass root_rank) as a rank within this set."""
+        if world_rank not in self.ranks:
+            raise ValueError(f"{what} {world_rank} is not a member of process set {self.ranks}; "
+                             "give the world rank of a member.")
+        return self.ranks.index(world_rank)
 
 
 global_process_set = ProcessSet(None)
 
 
 def check_process_set(process_set: ProcessSet) -> None:
+    """Kept for adapters that only support the global set for an API."""
     if process_set is not global_process_set:
-        raise NotImplementedError("process sets other than global_process_set are not supported yet")
+        raise NotImplementedError(
+            "this API runs on the global process set only; drop the process_set argument")
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a new set (collective: every rank calls it, in the same order).
+
+    Needs ``init(process_sets="dynamic")`` or HOROVODISH_DYNAMIC_PROCESS_SETS=1.
+    """
+    from . import basics
+    state = basics.state()
+    if not state.dynamic_process_sets:
+        raise ValueError("add_process_set() needs dynamic process sets: call "
+                         "hvd.init(process_sets='dynamic') or set HOROVODISH_DYNAMIC_PROCESS_SETS=1.")
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    basics.register_process_set(process_set)
+    return process_set
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a set and stop its runtime (collective over all ranks)."""
+    from . import basics
+    state = basics.state()
+    if not state.dynamic_process_sets:
+        raise ValueError("remove_process_set() needs dynamic process sets: call "
+                         "hvd.init(process_sets='dynamic').")
+    if process_set is global_process_set:
+        raise ValueError("the global process set cannot be removed")
+    return basics.unregister_process_set(process_set)

@@ -1,0 +1,18 @@
+"""Process sets on 3 ranks: collectives on a set that excludes a rank, dynamic add/remove."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from multirank import assert_ok, run_ranks
+
+WORKER = Path(__file__).parent / "workers" / "process_sets_worker.py"
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_process_sets(mode):
+    result = run_ranks(WORKER, 3, args=[mode], timeout=120)
+    assert_ok(result)
+    for rank in range(3):
+        assert f"OK rank {rank} of 3" in result.stdout, result.stdout

@@ -1,0 +1,117 @@
+"""Collectives on process sets, each checked against numpy, while other ranks do other work."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from horovodish.common import basics, collectives, objects
+from horovodish.common.errors import HorovodInternalError
+from horovodish.common.messages import ReduceOp
+from horovodish.common.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                            remove_process_set)
+
+
+def alloc(dtype):
+    return lambda shape: np.empty(shape, dtype=dtype)
+
+
+def exercise(ps: ProcessSet, rank: int, tag: str) -> None:
+    """Every collective on ps, with a numpy reference computed from every member's input."""
+    members = ps.ranks
+    mine = np.arange(6, dtype=np.float64) + 10 * rank
+    want = sum(np.arange(6, dtype=np.float64) + 10 * r for r in members)
+    out = np.empty_like(mine)
+    got = collectives.allreduce_async(mine, out, f"{tag}.ar", ReduceOp.SUM, process_set=ps).wait()
+    assert np.array_equal(got, want), (tag, got, want)
+    got = collectives.allreduce_async(mine, np.empty_like(mine), f"{tag}.avg", ReduceOp.AVERAGE,
+                                      process_set=ps).wait()
+    assert np.allclose(got, want / len(members))
+    rows = np.full((rank + 1, 2), rank, dtype=np.int32)
+    got = collectives.allgather_async(rows, alloc(np.int32), f"{tag}.ag", process_set=ps).wait()
+    assert np.array_equal(got, np.concatenate([np.full((r + 1, 2), r, np.int32) for r in members]))
+    root = members[-1]  # a world rank
+    got = collectives.broadcast_async(mine, np.empty_like(mine), root, f"{tag}.bc",
+                                      process_set=ps).wait()
+    assert np.array_equal(got, np.arange(6, dtype=np.float64) + 10 * root)
+    send = np.repeat(np.arange(len(members), dtype=np.float32) + 100 * rank, 2)
+    got = collectives.alltoall_async(send, None, alloc(np.float32), f"{tag}.a2a",
+                                     process_set=ps).wait()[0]
+    me = ps.rank()
+    assert np.array_equal(got, np.repeat([me + 100 * r for r in members], 2).astype(np.float32))
+    full = np.ones((len(members) * 2 + 1, 3), dtype=np.float32) * (rank + 1)
+    shape = collectives.reducescatter_shape(full.shape, me, len(members))
+    got = collectives.grouped_reducescatter_async([full], [np.empty(shape, np.float32)],
+                                                  [f"{tag}.rs"], ReduceOp.SUM,
+                                                  process_set=ps)[0].wait()
+    assert np.array_equal(got, np.full(shape, sum(r + 1 for r in members), np.float32))
+    collectives.barrier_async(ps).wait()
+    assert objects.broadcast_object({"from": root}, root, process_set=ps) == {"from": root}
+    assert objects.allgather_object(rank, process_set=ps) == members
+    # unnamed ops in a set keep their own counter
+    for _ in range(3):
+        collectives.allreduce_async(mine, np.empty_like(mine), collectives.auto_name("ar", ps),
+                                    ReduceOp.SUM, process_set=ps).wait()
+
+
+def expect(exc_type, fn, *needles):
+    try:
+        fn()
+    except exc_type as exc:
+        assert all(n in str(exc) for n in needles), str(exc)
+        return
+    raise AssertionError(f"expected {exc_type.__name__} {needles}")
+
+
+def main(mode: str) -> None:
+    evens_static = ProcessSet([0, 2])
+    basics.init(process_sets="dynamic" if mode == "dynamic" else [evens_static])
+    rank, size = basics.rank(), basics.size()
+    if mode == "static":
+        evens = evens_static
+        odds = None
+    else:
+        evens = add_process_set([0, 2])
+        odds = add_process_set([1])
+        from mpi4py import MPI
+        everyone = add_process_set(ProcessSet(MPI.COMM_WORLD))  # from an mpi4py communicator
+        assert everyone.ranks == list(range(size)), everyone.ranks
+        exercise(everyone, rank, "everyone")
+        remove_process_set(everyone)
+    assert evens.size() == 2 and evens.included() == (rank in (0, 2))
+    assert evens.rank() == ([0, 2].index(rank) if rank in (0, 2) else -1)
+    if evens.included():
+        exercise(evens, rank, "evens")
+    else:
+        # the excluded rank runs its own collectives meanwhile
+        if odds is not None:
+            exercise(odds, rank, "odds")
+        expect(ValueError, lambda: collectives.allreduce_async(
+            np.ones(1), np.ones(1), "x", ReduceOp.SUM, process_set=evens), "not a member")
+    if evens.included():
+        expect(ValueError, lambda: collectives.broadcast_async(
+            np.ones(1), np.ones(1), 1, "bad.root", process_set=evens), "root_rank 1",
+            "not a member")
+        if rank == 0:
+            expect(HorovodInternalError, lambda: collectives.allreduce_async(
+                np.ones(2), np.ones(2), "mismatch", ReduceOp.SUM, process_set=evens).wait(),
+                "mismatch", "shape")
+        else:
+            expect(HorovodInternalError, lambda: collectives.allreduce_async(
+                np.ones(3), np.ones(3), "mismatch", ReduceOp.SUM, process_set=evens).wait(),
+                "mismatch", "shape")
+    exercise(global_process_set, rank, "world")
+    if mode == "dynamic":
+        assert remove_process_set(evens)
+        expect(ValueError, lambda: collectives.allreduce_async(
+            np.ones(1), np.ones(1), "gone", ReduceOp.SUM, process_set=evens), "not registered")
+        again = add_process_set([0, 1])
+        if again.included():
+            exercise(again, rank, "again")
+        remove_process_set(again)
+        remove_process_set(odds)
+    sys.stdout.write(f"OK rank {rank} of {size}\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
