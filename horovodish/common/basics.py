@@ -38,6 +38,7 @@ _atexit_registered = False
 
 def build_runtime(comm: Any, config: Config, record_timeline: bool = False) -> Any:
     """A runtime thread with its own controller, coordinator, cache and backends on comm."""
+    from .backends.adasum import Adasum
     from .backends.mpi import MPIBackend
     from .backends.ring import RingBackend
     from .controller import Controller
@@ -54,7 +55,7 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False) -> A
     backends = [RingBackend(comm, config.ring_threshold, config.cpu_operations),
                 MPIBackend(comm)]
     controller = Controller(MPITransport(comm), config.cache_capacity, stall)
-    executor = Executor(OperationManager(backends), rank, size)
+    executor = Executor(OperationManager(backends), rank, size, Adasum(comm))
     runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,
                       stall_message=(lambda: stall.last_report) if stall else None)
     if config.autotune and rank == 0:

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import basics
+from .backends.adasum import is_power_of_two
 from .dtypes import check_reduction, dtype_name
 from .entry import Entry
 from .handles import Handle
@@ -57,18 +58,23 @@ def reduction_request(kind: RequestType, name: str, tensor: np.ndarray, op: Redu
                       prescale: float, postscale: float, device: str) -> Request:
     request = _request(kind, name, tensor, device, reduce_op=op, prescale=prescale,
                        postscale=postscale)
-    if request.dtype == "bool":
+    if request.dtype == "bool" or op == ReduceOp.ADASUM:
         check_reduction(request.dtype, op, prescale, postscale, kind.opname, name)
     return request
 
 
 def _reduction_args(kind: RequestType, op: ReduceOp, prescale: float, postscale: float,
-                    first_name: str) -> tuple[ReduceOp, float, float]:
+                    first_name: str, process_set: ProcessSet) -> tuple[ReduceOp, float, float]:
     """Normalise and check the arguments shared by a whole group, once per call."""
     op = ReduceOp(op)
     if op == ReduceOp.ADASUM:
-        raise NotImplementedError(f"{kind.opname} of tensor '{first_name}': op Adasum is not "
-                                  "implemented yet; use Average or Sum.")
+        size = process_set.size()
+        if kind != RequestType.ALLREDUCE:
+            raise NotImplementedError(f"{kind.opname} of tensor '{first_name}': op Adasum "
+                                      "is only defined for allreduce.")
+        if not is_power_of_two(size):
+            raise ValueError(f"allreduce of tensor '{first_name}': op Adasum needs a "
+                             f"power-of-two number of ranks, not {size}.")
     return op, float(prescale), float(postscale)
 
 
@@ -81,7 +87,7 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Sequence[np.
     kick = process_set.runtime.kick
     kind = RequestType.ALLREDUCE
     op, prescale, postscale = _reduction_args(kind, op, prescale, postscale,
-                                              names[0] if names else "")
+                                              names[0] if names else "", process_set)
     entries = [
         Entry(reduction_request(kind, name, tensor, op, prescale, postscale, device), tensor,
               Handle(name, kick), output=output)
@@ -177,7 +183,7 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], outputs: Sequence
             raise ValueError(f"reducescatter of tensor '{name}': a 0-dim tensor cannot be "
                              "scattered; reshape it to (1,).")
         op, prescale, postscale = _reduction_args(RequestType.REDUCESCATTER, op, prescale,
-                                                  postscale, name)
+                                                  postscale, name, process_set)
         request = reduction_request(RequestType.REDUCESCATTER, name, tensor, op, prescale,
                                     postscale, device)
         entries.append(Entry(request, tensor, Handle(name, kick), output=output))

@@ -47,6 +47,9 @@ def dtype_name(dtype: np.dtype) -> str:
 def check_reduction(dtype: str, op: ReduceOp, prescale: float, postscale: float,
                     opname: str, tensor_name: str) -> None:
     """Reject reductions that make no sense for the dtype, before anything is sent."""
+    if op == ReduceOp.ADASUM and dtype not in FLOATING:
+        raise TypeError(f"{opname} of tensor '{tensor_name}': op Adasum needs a floating-point "
+                        f"tensor, not {dtype}.")
     if dtype == "bool":
         if op in (ReduceOp.AVERAGE, ReduceOp.ADASUM):
             raise TypeError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .backends.adasum import Adasum
 from .dtypes import FLOATING, numpy_dtype
 from .entry import Entry
 from .errors import HorovodInternalError
@@ -24,8 +25,10 @@ def _reduction_counts(rows: int, size: int) -> list[int]:
 
 
 class Executor:
-    def __init__(self, operations: OperationManager, rank: int, size: int) -> None:
+    def __init__(self, operations: OperationManager, rank: int, size: int,
+                 adasum: Adasum | None = None) -> None:
         self.operations = operations
+        self.adasum = adasum
         self.rank = rank
         self.size = size
         self.buffers = FusionBuffers()
@@ -102,9 +105,13 @@ class Executor:
             else:
                 _scaled_copy(target, entry.tensor.reshape(-1), first.prescale)
             offset += count
-        self._phase(f"{backend.name.upper()}_ALLREDUCE")
-        if total:
-            backend.allreduce(buf, op)
+        if op == ReduceOp.ADASUM:
+            self._phase("ADASUM_ALLREDUCE")
+            self.adasum.allreduce(buf, counts)
+        else:
+            self._phase(f"{backend.name.upper()}_ALLREDUCE")
+            if total:
+                backend.allreduce(buf, op)
         self._phase("MEMCPY_OUT_FUSION_BUFFER")
         post = first.postscale
         average = first.reduce_op == ReduceOp.AVERAGE
