@@ -9,7 +9,8 @@ from ..common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_
                              mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
                              rocm_built, shutdown, size, start_timeline, stop_timeline)
 from ..common.errors import HorovodInternalError, HostsUpdatedInterrupt
-from ..common.process_sets import ProcessSet, global_process_set
+from ..common.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                   remove_process_set)
 from .compression import Compression
 from .functions import allgather_object, broadcast_object
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,

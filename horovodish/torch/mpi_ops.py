@@ -15,7 +15,7 @@ import torch
 from ..common import collectives as core
 from ..common.handles import Handle
 from ..common.messages import ReduceOp
-from ..common.process_sets import ProcessSet, check_process_set, global_process_set
+from ..common.process_sets import ProcessSet, global_process_set
 from .tensor_views import as_numpy, check_tensor, device_class, empty_allocator
 
 Average = ReduceOp.AVERAGE
@@ -68,9 +68,10 @@ def _resolve_op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
     return ReduceOp(op)
 
 
-def _names(name: str | None, count: int, opname: str) -> list[str]:
+def _names(name: str | None, count: int, opname: str,
+           process_set: ProcessSet = global_process_set) -> list[str]:
     if name is None:
-        return [core.auto_name(opname) for _ in range(count)]
+        return [core.auto_name(opname, process_set) for _ in range(count)]
     return [name] if count == 1 else [f"{name}.{i}" for i in range(count)]
 
 
@@ -82,7 +83,8 @@ def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
 def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                              name: str | None, op: ReduceOp, prescale_factor: float,
                              postscale_factor: float, opname: str,
-                             finish: Callable[[list[Any]], Any]) -> int:
+                             finish: Callable[[list[Any]], Any],
+                             process_set: ProcessSet = global_process_set) -> int:
     for tensor in tensors:
         check_tensor(tensor, opname)
     sources = [as_numpy(_contiguous(t)) for t in tensors]
@@ -91,8 +93,8 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[
                for src, out, tensor in zip(sources, outputs, tensors)]
     handles = core.grouped_allreduce_async(
         sources, targets,
-        _names(name, len(tensors), "allreduce"), op, prescale_factor, postscale_factor,
-        device_class(tensors[0]) if tensors else "cpu")
+        _names(name, len(tensors), "allreduce", process_set), op, prescale_factor,
+        postscale_factor, device_class(tensors[0]) if tensors else "cpu", process_set)
     return _register(handles, finish)
 
 
@@ -100,18 +102,16 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             name: str | None = None, op: ReduceOp | None = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set)
     outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     return _grouped_allreduce_async(tensors, outputs, name, _resolve_op(average, op),
                                     prescale_factor, postscale_factor, "grouped_allreduce",
-                                    lambda _: outputs)
+                                    lambda _: outputs, process_set)
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
                              name: str | None = None, op: ReduceOp | None = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set)
     outputs = [_contiguous(t) for t in tensors]
 
     def finish(_: list[Any]) -> list[torch.Tensor]:
@@ -121,25 +121,23 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
         return list(tensors)
     return _grouped_allreduce_async(tensors, outputs, name, _resolve_op(average, op),
                                     prescale_factor, postscale_factor, "grouped_allreduce_",
-                                    finish)
+                                    finish, process_set)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: ReduceOp | None = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     return _grouped_allreduce_async([tensor], [output], name, _resolve_op(average, op),
                                     prescale_factor, postscale_factor, "allreduce",
-                                    lambda _: output)
+                                    lambda _: output, process_set)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set)
     output = _contiguous(tensor)
 
     def finish(_: list[Any]) -> torch.Tensor:
@@ -147,7 +145,8 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
             tensor.copy_(output)
         return tensor
     return _grouped_allreduce_async([tensor], [output], name, _resolve_op(average, op),
-                                    prescale_factor, postscale_factor, "allreduce_", finish)
+                                    prescale_factor, postscale_factor, "allreduce_", finish,
+                                    process_set)
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -169,14 +168,14 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 # -- allgather -----------------------------------------------------------------------------
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set)
     for tensor in tensors:
         check_tensor(tensor, "allgather")
     outputs: list[list[torch.Tensor]] = [[] for _ in tensors]
     sources = [_contiguous(t) for t in tensors]
     handles = core.grouped_allgather_async(
         [as_numpy(t) for t in sources], [empty_allocator(t, out) for t, out in zip(sources, outputs)],
-        _names(name, len(tensors), "allgather"), device_class(tensors[0]) if tensors else "cpu")
+        _names(name, len(tensors), "allgather", process_set),
+        device_class(tensors[0]) if tensors else "cpu", process_set)
     return _register(handles, lambda _: [out[0] for out in outputs])
 
 
@@ -190,32 +189,32 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
 
 # -- broadcast -----------------------------------------------------------------------------
 def _broadcast_async(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
-                     name: str | None, finish: Callable[[list[Any]], Any]) -> int:
+                     name: str | None, finish: Callable[[list[Any]], Any],
+                     process_set: ProcessSet = global_process_set) -> int:
     check_tensor(tensor, "broadcast")
     source = as_numpy(_contiguous(tensor))
     target = source if output is tensor else as_numpy(output)
     handle = core.broadcast_async(source, target, root_rank,
-                                  _names(name, 1, "broadcast")[0], device_class(tensor))
+                                  _names(name, 1, "broadcast", process_set)[0],
+                                  device_class(tensor), process_set)
     return _register([handle], finish)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _broadcast_async(tensor, output, root_rank, name, lambda _: output)
+    return _broadcast_async(tensor, output, root_rank, name, lambda _: output, process_set)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set)
     output = _contiguous(tensor)
 
     def finish(_: list[Any]) -> torch.Tensor:
         if tensor.data_ptr() != output.data_ptr():
             tensor.copy_(output)
         return tensor
-    return _broadcast_async(tensor, output, root_rank, name, finish)
+    return _broadcast_async(tensor, output, root_rank, name, finish, process_set)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -226,7 +225,6 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 # -- alltoall ------------------------------------------------------------------------------
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set)
     check_tensor(tensor, "alltoall")
     split_list = None
     if splits is not None:
@@ -235,7 +233,8 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     source = _contiguous(tensor)
     outputs: list[torch.Tensor] = []
     handle = core.alltoall_async(as_numpy(source), split_list, empty_allocator(source, outputs),
-                                 _names(name, 1, "alltoall")[0], device_class(tensor))
+                                 _names(name, 1, "alltoall", process_set)[0],
+                                 device_class(tensor), process_set)
 
     def finish(results: list[Any]) -> Any:
         received = torch.from_numpy(np.asarray(results[0][1]))
@@ -249,9 +248,8 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 process_set: ProcessSet = global_process_set,
                                 prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
-    check_process_set(process_set)
-    from ..common import basics
-    rank, size = basics.rank(), basics.size()
+    process_set = core.resolve(process_set)
+    rank, size = process_set.rank(), process_set.size()
     sources, outputs = [], []
     for tensor in tensors:
         check_tensor(tensor, "reducescatter")
@@ -260,8 +258,8 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
         outputs.append(torch.empty(shape, dtype=tensor.dtype, device=tensor.device))
     handles = core.grouped_reducescatter_async(
         [as_numpy(t) for t in sources], [as_numpy(o) for o in outputs],
-        _names(name, len(tensors), "reducescatter"), op, prescale_factor, postscale_factor,
-        device_class(tensors[0]) if tensors else "cpu")
+        _names(name, len(tensors), "reducescatter", process_set), op, prescale_factor,
+        postscale_factor, device_class(tensors[0]) if tensors else "cpu", process_set)
     return _register(handles, lambda _: outputs)
 
 
@@ -277,9 +275,8 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
 
 # -- synchronization -----------------------------------------------------------------------
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Block until every rank reaches the barrier."""
-    check_process_set(process_set)
-    core.barrier_async().wait()
+    """Block until every rank (of the set) reaches the barrier."""
+    core.barrier_async(process_set).wait()
 
 
 def join(device: int = -1) -> int:

@@ -25,7 +25,7 @@ def test_every_op_dtype_and_shape(np):
 @pytest.mark.parametrize("np", [2, 3])
 def test_ring_backend_without_fusion_or_cache(np):
     _run(np, {"HOROVODISH_CPU_OPERATIONS": "ring", "HOROVODISH_FUSION_THRESHOLD": "0",
-              "HOROVODISH_CACHE_CAPACITY": "0"})
+              "HOROVODISH_CACHE_CAPACITY": "0", "HOROVODISH_DYNAMIC_PROCESS_SETS": "1"})
 
 
 def test_mpi_backend_with_small_fusion_buffer_and_tiny_cache():

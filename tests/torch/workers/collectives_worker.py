@@ -260,6 +260,29 @@ def test_errors(rank: int, size: int) -> None:
     hvd.synchronize(held)
 
 
+def test_process_sets(rank: int, size: int) -> None:
+    """A set that excludes rank 1, while rank 1 runs collectives of its own set."""
+    evens = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
+    odds = hvd.add_process_set([r for r in range(size) if r % 2 == 1])
+    mine = evens if rank % 2 == 0 else odds
+    members = mine.ranks
+    x = torch.full((3,), float(rank))
+    same(hvd.allreduce(x, op=hvd.Sum, process_set=mine), np.full(3, sum(members), np.float64),
+         "process set allreduce")
+    same(hvd.allgather(x[:1], process_set=mine), np.array(members, np.float64),
+         "process set allgather")
+    same(hvd.broadcast(x, members[-1], process_set=mine), np.full(3, members[-1], np.float64),
+         "process set broadcast")
+    same(hvd.reducescatter(torch.ones(len(members), 2), op=hvd.Sum, process_set=mine),
+         np.full((1, 2), len(members), np.float64), "process set reducescatter")
+    check(hvd.allgather_object(rank, process_set=mine) == members, "allgather_object on a set")
+    hvd.barrier(process_set=mine)
+    other = odds if mine is evens else evens
+    expect_error(lambda: hvd.allreduce(x, process_set=other), ValueError, "not a member")
+    hvd.remove_process_set(odds)
+    hvd.remove_process_set(evens)
+
+
 def main() -> None:
     hvd.init()
     hvd.init()  # twice is harmless
@@ -269,6 +292,8 @@ def main() -> None:
                  test_reducescatter, test_out_of_order_and_burst, test_join_and_barrier,
                  test_errors]:
         test(rank, size)
+    if os.environ.get("HOROVODISH_DYNAMIC_PROCESS_SETS") and size > 1:
+        test_process_sets(rank, size)
     if os.environ.get("SHUTDOWN_IN_FLIGHT") and size > 1:
         # Rank 0 leaves a tensor pending that rank 1 never submits, then shuts down.
         if rank == 0:
