@@ -97,14 +97,10 @@ class Executor:
         single = len(group) == 1 and mine[0] is not None
         buf = mine[0].output.reshape(-1) if single else self.buffers.get(dtype, total)
         self._phase("MEMCPY_IN_FUSION_BUFFER")
-        offset = 0
-        for entry, count in zip(mine, counts):
-            target = buf[offset:offset + count]
-            if entry is None:
-                target.fill(0)
-            else:
-                _scaled_copy(target, entry.tensor.reshape(-1), first.prescale)
-            offset += count
+        if single:
+            _scaled_copy(buf, mine[0].tensor.reshape(-1), first.prescale)
+        else:
+            self._pack(buf, mine, counts, dtype, first.prescale)
         if op == ReduceOp.ADASUM:
             self._phase("ADASUM_ALLREDUCE")
             self.adasum.allreduce(buf, counts)
@@ -117,17 +113,26 @@ class Executor:
         average = first.reduce_op == ReduceOp.AVERAGE
         if average and first.dtype in FLOATING:
             post = post / self.size
-        offset = 0
-        for entry, count in zip(mine, counts):
-            source = buf[offset:offset + count]
-            offset += count
-            if entry is None:
-                continue
-            out = entry.output.reshape(-1)
-            if average and first.dtype not in FLOATING:
-                np.floor_divide(source, self.size, out=source)
-            _scaled_copy(out, source, post)
+        if average and first.dtype not in FLOATING:
+            np.floor_divide(buf, self.size, out=buf)
+        if post != 1.0:
+            np.multiply(buf, post, out=buf, casting="unsafe")
+        if not single:  # a single tensor was reduced in its output already
+            offset = 0
+            for entry, count in zip(mine, counts):
+                if entry is not None:
+                    np.copyto(entry.output.reshape(-1), buf[offset:offset + count])
+                offset += count
         return [entry.output if entry is not None else None for entry in mine]
+
+    def _pack(self, buf: np.ndarray, mine: list[Entry | None], counts: list[int],
+              dtype: np.dtype, prescale: float) -> None:
+        """All inputs into the fusion buffer in one C call (zeros for a joined rank)."""
+        parts = [entry.tensor.reshape(-1) if entry is not None else np.zeros(count, dtype)
+                 for entry, count in zip(mine, counts)]
+        np.concatenate(parts, out=buf)
+        if prescale != 1.0:
+            np.multiply(buf, prescale, out=buf, casting="unsafe")
 
     # -- the rest ---------------------------------------------------------------------
     def _allgather(self, response: Response, entry: Entry) -> np.ndarray:
