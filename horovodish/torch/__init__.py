@@ -11,8 +11,10 @@ from ..common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_
 from ..common.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ..common.process_sets import (ProcessSet, add_process_set, global_process_set,
                                    remove_process_set)
+from . import elastic
 from .compression import Compression
 from .functions import allgather_object, broadcast_object
+from .sparse import sparse_allreduce, sparse_allreduce_async
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
                       allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall,
                       alltoall_async, barrier, broadcast, broadcast_, broadcast_async,

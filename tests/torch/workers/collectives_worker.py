@@ -260,6 +260,23 @@ def test_errors(rank: int, size: int) -> None:
     hvd.synchronize(held)
 
 
+def test_sparse(rank: int, size: int) -> None:
+    """Sparse allreduce equals the dense allreduce of the same tensors."""
+    def sparse_of(r: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(r)
+        rows = torch.randint(0, 10, (4 + r,), generator=gen)
+        return torch.sparse_coo_tensor(rows.unsqueeze(0), torch.randn(4 + r, 3, generator=gen),
+                                       (10, 3), check_invariants=True)
+    for op in (hvd.Sum, hvd.Average):
+        got = hvd.sparse_allreduce(sparse_of(rank), name=f"sparse.{op}", op=op)
+        check(got.is_sparse, "sparse result")
+        want = sum(sparse_of(r).to_dense() for r in range(size)).numpy()
+        if op == hvd.Average:
+            want = want / size
+        same(got.to_dense(), want, f"sparse allreduce {op}")
+    expect_error(lambda: hvd.sparse_allreduce(sparse_of(rank), op=hvd.Max), ValueError, "Max")
+
+
 def test_process_sets(rank: int, size: int) -> None:
     """A set that excludes rank 1, while rank 1 runs collectives of its own set."""
     evens = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
@@ -290,7 +307,7 @@ def main() -> None:
     check(0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1, "topology")
     for test in [test_allreduce, test_allgather, test_broadcast, test_alltoall,
                  test_reducescatter, test_out_of_order_and_burst, test_join_and_barrier,
-                 test_errors]:
+                 test_errors, test_sparse]:
         test(rank, size)
     if os.environ.get("HOROVODISH_DYNAMIC_PROCESS_SETS") and size > 1:
         test_process_sets(rank, size)

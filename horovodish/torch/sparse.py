@@ -1,0 +1,55 @@
+"""Sparse allreduce: gather every rank's (index, value) pairs instead of densifying.
+
+The result is the concatenation of all ranks' entries as one uncoalesced sparse tensor
+(duplicate indices add up when it is used or coalesced); Average divides the values by
+the set size. Embedding gradients are the usual customer.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..common import collectives as core
+from ..common.messages import ReduceOp
+from ..common.process_sets import ProcessSet, global_process_set
+from .mpi_ops import Average, _handles, _handles_lock, allgather_async
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
+                           op: ReduceOp = Average,
+                           process_set: ProcessSet = global_process_set) -> int:
+    """Start a sparse allreduce; ``synchronize(handle)`` returns the reduced sparse tensor."""
+    if not tensor.is_sparse:
+        raise TypeError(f"sparse_allreduce_async expects a sparse COO tensor, got layout "
+                        f"{tensor.layout}; use allreduce_async for dense tensors")
+    if ReduceOp(op) not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ValueError(f"sparse allreduce of '{name}': only Sum and Average are defined for "
+                         f"sparse tensors, not {ReduceOp(op).name.capitalize()}")
+    process_set = core.resolve(process_set)
+    name = name or core.auto_name("sparse_allreduce", process_set)
+    sparse = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    # Allgather concatenates along dim 0, so indices travel as (nnz, ndim).
+    values_handle = allgather_async(sparse._values().contiguous(), f"{name}.values", process_set)
+    indices_handle = allgather_async(sparse._indices().t().contiguous(), f"{name}.indices",
+                                     process_set)
+    with _handles_lock:
+        values_core, values_finish = _handles.pop(values_handle)
+        indices_core, indices_finish = _handles.pop(indices_handle)
+    size = process_set.size()
+
+    def finish(results: list[Any]) -> torch.Tensor:
+        values = values_finish(results[:len(values_core)])
+        indices = indices_finish(results[len(values_core):])
+        if ReduceOp(op) == ReduceOp.AVERAGE:
+            values = values / size
+        return torch.sparse_coo_tensor(indices.t(), values, tensor.shape, check_invariants=False)
+
+    from .mpi_ops import _register
+    return _register(values_core + indices_core, finish)
+
+
+def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
+                     process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    from .mpi_ops import synchronize
+    return synchronize(sparse_allreduce_async(tensor, name, op, process_set))
