@@ -1,5 +1,5 @@
 """Packaging for horovodish: pure Python, no compiler needed."""
-from setuptools import setup
+from setuptools import find_packages, setup
 
 TORCH = ["torch>=2.1"]
 TENSORFLOW = ["tensorflow-cpu>=2.16", "keras>=3.0"]
@@ -10,15 +10,7 @@ setup(
     version="0.1.0",
     description="Horovod-style allreduce runtime for PyTorch and TensorFlow/Keras 3",
     python_requires=">=3.10",
-    packages=[
-        "horovodish",
-        "horovodish.common",
-        "horovodish.common.backends",
-        "horovodish.torch",
-        "horovodish.tensorflow",
-        "horovodish.tensorflow.keras",
-        "horovodish.launcher",
-    ],
+    packages=find_packages(include=["horovodish", "horovodish.*"]) + ["horovodish.launcher"],
     package_dir={"horovodish.launcher": "launcher"},
     install_requires=["numpy>=1.24", "mpi4py>=4.0", "ml_dtypes>=0.3", "cloudpickle>=2.0"],
     extras_require={
