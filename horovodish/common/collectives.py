@@ -45,6 +45,12 @@ def resolve(process_set: ProcessSet | None) -> ProcessSet:
     return process_set
 
 
+def _require_first_dim(tensor: np.ndarray, opname: str, name: str) -> None:
+    if tensor.ndim == 0:
+        raise ValueError(f"{opname} of tensor '{name}': a 0-dim tensor has no first dimension "
+                         "to split or gather along; reshape it to (1,).")
+
+
 def _submit(entries: list[Entry], process_set: ProcessSet) -> list[Handle]:
     process_set.runtime.submit(entries)
     return [entry.handle for entry in entries]
@@ -110,9 +116,7 @@ def grouped_allgather_async(tensors: Sequence[np.ndarray], allocators: Sequence[
     kick = process_set.runtime.kick
     entries = []
     for tensor, allocate, name in zip(tensors, allocators, names):
-        if tensor.ndim == 0:
-            raise ValueError(f"allgather of tensor '{name}': a 0-dim tensor has no first "
-                             "dimension to gather along; reshape it to (1,).")
+        _require_first_dim(tensor, "allgather", name)
         entries.append(Entry(_request(RequestType.ALLGATHER, name, tensor, device), tensor,
                              Handle(name, kick), allocate=allocate))
     return _submit(entries, process_set)
@@ -142,9 +146,7 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | None, allocate: A
                    process_set: ProcessSet | None = None) -> Handle:
     process_set = resolve(process_set)
     size = process_set.size()
-    if tensor.ndim == 0:
-        raise ValueError(f"alltoall of tensor '{name}': a 0-dim tensor cannot be split; "
-                         "reshape it to (1,).")
+    _require_first_dim(tensor, "alltoall", name)
     rows = tensor.shape[0]
     if splits is None:
         if rows % size:
@@ -179,9 +181,7 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], outputs: Sequence
     kick = process_set.runtime.kick
     entries = []
     for tensor, output, name in zip(tensors, outputs, names):
-        if tensor.ndim == 0:
-            raise ValueError(f"reducescatter of tensor '{name}': a 0-dim tensor cannot be "
-                             "scattered; reshape it to (1,).")
+        _require_first_dim(tensor, "reducescatter", name)
         op, prescale, postscale = _reduction_args(RequestType.REDUCESCATTER, op, prescale,
                                                   postscale, name, process_set)
         request = reduction_request(RequestType.REDUCESCATTER, name, tensor, op, prescale,

@@ -79,6 +79,18 @@ def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
+def _write_back(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
+                ) -> Callable[[list[Any]], list[torch.Tensor]]:
+    """Completion of an in-place op: a non-contiguous input got a contiguous stand-in,
+    whose result is copied back into it."""
+    def finish(_: list[Any]) -> list[torch.Tensor]:
+        for tensor, output in zip(tensors, outputs):
+            if tensor.data_ptr() != output.data_ptr():
+                tensor.copy_(output)
+        return list(tensors)
+    return finish
+
+
 # -- allreduce -----------------------------------------------------------------------------
 def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                              name: str | None, op: ReduceOp, prescale_factor: float,
@@ -113,15 +125,9 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
     outputs = [_contiguous(t) for t in tensors]
-
-    def finish(_: list[Any]) -> list[torch.Tensor]:
-        for tensor, output in zip(tensors, outputs):
-            if tensor.data_ptr() != output.data_ptr():
-                tensor.copy_(output)  # non-contiguous input: write the result back
-        return list(tensors)
     return _grouped_allreduce_async(tensors, outputs, name, _resolve_op(average, op),
                                     prescale_factor, postscale_factor, "grouped_allreduce_",
-                                    finish, process_set)
+                                    _write_back(tensors, outputs), process_set)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -139,14 +145,10 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     output = _contiguous(tensor)
-
-    def finish(_: list[Any]) -> torch.Tensor:
-        if tensor.data_ptr() != output.data_ptr():
-            tensor.copy_(output)
-        return tensor
+    write_back = _write_back([tensor], [output])
     return _grouped_allreduce_async([tensor], [output], name, _resolve_op(average, op),
-                                    prescale_factor, postscale_factor, "allreduce_", finish,
-                                    process_set)
+                                    prescale_factor, postscale_factor, "allreduce_",
+                                    lambda results: write_back(results)[0], process_set)
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -209,12 +211,9 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
     output = _contiguous(tensor)
-
-    def finish(_: list[Any]) -> torch.Tensor:
-        if tensor.data_ptr() != output.data_ptr():
-            tensor.copy_(output)
-        return tensor
-    return _broadcast_async(tensor, output, root_rank, name, finish, process_set)
+    write_back = _write_back([tensor], [output])
+    return _broadcast_async(tensor, output, root_rank, name,
+                            lambda results: write_back(results)[0], process_set)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
