@@ -222,11 +222,6 @@ class Controller:
                 self.cache.put(response, pending.request if pending is not None else None)
         return responses, params
 
-    def fail_all_pending(self) -> list[str]:
-        names = list(self._pending)
-        self._pending.clear()
-        return names
-
 
 def _mask(nbytes: int) -> int:
     return (1 << (8 * nbytes)) - 1

@@ -32,7 +32,6 @@ class Executor:
         self.rank = rank
         self.size = size
         self.buffers = FusionBuffers()
-        self.last_backend = ""
         self.timeline: Timeline | None = None  # set by the runtime while recording
         self._marks: list[tuple[str, float]] = []
 
@@ -77,9 +76,7 @@ class Executor:
         return [None]  # barrier: negotiation itself waited for every rank
 
     def _backend(self, kind: RequestType, response: Response, nbytes: int):
-        backend = self.operations.choose(kind, response.dtype, nbytes)
-        self.last_backend = backend.name
-        return backend
+        return self.operations.choose(kind, response.dtype, nbytes)
 
     def _phase(self, phase: str) -> None:
         """Mark the start of a timeline phase; it lasts until the next mark."""

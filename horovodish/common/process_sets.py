@@ -64,13 +64,6 @@ class ProcessSet:
 global_process_set = ProcessSet(None)
 
 
-def check_process_set(process_set: ProcessSet) -> None:
-    """Kept for adapters that only support the global set for an API."""
-    if process_set is not global_process_set:
-        raise NotImplementedError(
-            "this API runs on the global process set only; drop the process_set argument")
-
-
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a new set (collective: every rank calls it, in the same order).
 

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable
 
-from .controller import Controller, CycleResult
+from .controller import Controller
 from .entry import Entry
 from .errors import HorovodInternalError
 from .executor import Executor
@@ -49,7 +49,6 @@ class Runtime:
         self.cycles = 0
         self.timeline: Timeline | None = None
         self.autotuner: Autotuner | None = None  # rank 0 only
-        self.cycle_listeners: list[Callable[[CycleResult, float], None]] = []
         self._thread = threading.Thread(target=self._run, name="horovodish-runtime", daemon=True)
         self._thread.start()
 
@@ -162,8 +161,6 @@ class Runtime:
                 choice = self.autotuner.record(reduced)
                 if choice is not None:
                     self.controller.params_to_send = choice
-            for listener in self.cycle_listeners:
-                listener(result, last_start)
             if result.shutdown:
                 if result.stalled:
                     detail = self._stall_message() if self._stall_message else ""
