@@ -13,7 +13,11 @@ from ..common.process_sets import (ProcessSet, add_process_set, global_process_s
                                    remove_process_set)
 from . import elastic
 from .compression import Compression
-from .functions import allgather_object, broadcast_object
+from .buffers import BufferSync, sync_buffers
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                        broadcast_parameters)
+from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 from .sparse import sparse_allreduce, sparse_allreduce_async
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
                       allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall,

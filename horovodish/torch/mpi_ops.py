@@ -68,11 +68,25 @@ def _resolve_op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
     return ReduceOp(op)
 
 
-def _names(name: str | None, count: int, opname: str,
+def _names(name: str | Sequence[str] | None, count: int, opname: str,
            process_set: ProcessSet = global_process_set) -> list[str]:
+    """One name per tensor. A grouped op may take a list of names (beyond Horovod), so
+    that a tensor keeps the same name whether it is reduced alone or in a group."""
     if name is None:
         return [core.auto_name(opname, process_set) for _ in range(count)]
+    if not isinstance(name, str):
+        names = [str(n) for n in name]
+        if len(names) != count:
+            raise ValueError(f"{opname}: got {len(names)} names for {count} tensors; pass "
+                             "one name per tensor, or a single name for the group.")
+        return names
     return [name] if count == 1 else [f"{name}.{i}" for i in range(count)]
+
+
+def _wants_grad(*tensors: torch.Tensor) -> bool:
+    """Autograd would record an op on these inputs: take the differentiable path."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in tensors)
 
 
 def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
@@ -224,6 +238,13 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 # -- alltoall ------------------------------------------------------------------------------
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet = global_process_set) -> int:
+    return _alltoall_async(tensor, splits, name, process_set, with_received=splits is not None)
+
+
+def _alltoall_async(tensor: torch.Tensor, splits: Any, name: str | None,
+                    process_set: ProcessSet, with_received: bool) -> int:
+    """with_received: return (output, received_splits) even without splits (autograd
+    needs them to send the gradient back)."""
     check_tensor(tensor, "alltoall")
     split_list = None
     if splits is not None:
@@ -237,7 +258,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
 
     def finish(results: list[Any]) -> Any:
         received = torch.from_numpy(np.asarray(results[0][1]))
-        return outputs[0] if splits is None else (outputs[0], received)
+        return (outputs[0], received) if with_received else outputs[0]
     return _register([handle], finish)
 
 
@@ -293,8 +314,13 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     from .compression import Compression
     compression = compression or Compression.none
     compressed, ctx = compression.compress(tensor)
-    reduced = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
-                                          postscale_factor, process_set))
+    if _wants_grad(compressed):
+        from . import autograd
+        reduced = autograd.allreduce(compressed, name, _resolve_op(average, op),
+                                     prescale_factor, postscale_factor, process_set)
+    else:
+        reduced = synchronize(allreduce_async(compressed, average, name, op, prescale_factor,
+                                              postscale_factor, process_set))
     return compression.decompress(reduced, ctx)
 
 
@@ -306,15 +332,24 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
     from .compression import Compression
     compression = compression or Compression.none
     packed = [compression.compress(t) for t in tensors]
-    reduced = synchronize(grouped_allreduce_async([p[0] for p in packed], average, name, op,
-                                                  prescale_factor, postscale_factor,
-                                                  process_set))
+    if _wants_grad(*(p[0] for p in packed)):
+        from . import autograd
+        reduced = autograd.grouped_allreduce([p[0] for p in packed], name,
+                                             _resolve_op(average, op), prescale_factor,
+                                             postscale_factor, process_set)
+    else:
+        reduced = synchronize(grouped_allreduce_async([p[0] for p in packed], average, name,
+                                                      op, prescale_factor, postscale_factor,
+                                                      process_set))
     return [compression.decompress(r, p[1]) for r, p in zip(reduced, packed)]
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Concatenate every rank's tensor along the first dimension (sizes may differ)."""
+    if _wants_grad(tensor):
+        from . import autograd
+        return autograd.allgather(tensor, name, process_set)
     return synchronize(allgather_async(tensor, name, process_set))
 
 
@@ -326,12 +361,18 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """root_rank's tensor on every rank, as a new tensor."""
+    if _wants_grad(tensor):
+        from . import autograd
+        return autograd.broadcast(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
              process_set: ProcessSet = global_process_set) -> Any:
     """Send splits[i] rows to rank i. With splits, returns (output, received_splits)."""
+    if _wants_grad(tensor):
+        from . import autograd
+        return autograd.alltoall(tensor, splits, name, process_set)
     return synchronize(alltoall_async(tensor, splits, name, process_set))
 
 
@@ -339,6 +380,10 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = 
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce across ranks, then keep this rank's slice of the first dimension."""
+    if _wants_grad(tensor):
+        from . import autograd
+        return autograd.reducescatter(tensor, name, op, prescale_factor, postscale_factor,
+                                      process_set)
     return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                            postscale_factor))
 

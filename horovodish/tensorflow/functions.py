@@ -1,0 +1,34 @@
+"""Variable and object broadcasts for TensorFlow users (same names as Horovod's)."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..common import objects
+from ..common.process_sets import ProcessSet, global_process_set
+from .mpi_ops import broadcast_, public
+
+
+@public
+def broadcast_variables(variables: Sequence[Any], root_rank: int,
+                        process_set: ProcessSet = global_process_set,
+                        inplace: bool = False) -> None:
+    """Give every rank root_rank's values, in one submission (they fuse).
+
+    Takes tf.Variable and Keras 3 ``keras.Variable`` alike (Horovod's ``.ref()``-based
+    version fails on the latter). Call it once after building the model and optimizer so
+    all ranks start from the same state; every rank must pass the variables in the same
+    order. Works eagerly and inside tf.function.
+    """
+    broadcast_(list(variables), root_rank, process_set=process_set)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """root_rank's Python object on every rank (cloudpickle; ``session`` is ignored)."""
+    return objects.broadcast_object(obj, root_rank, name, process_set)
+
+
+def allgather_object(obj: Any, session: Any = None, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Every rank's Python object, in rank order, on every rank."""
+    return objects.allgather_object(obj, name, process_set)

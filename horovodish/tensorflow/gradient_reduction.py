@@ -1,0 +1,89 @@
+"""Reducing a list of gradients in one submission, for DistributedGradientTape and Keras.
+
+All dense gradients go to the core together, so they negotiate in one cycle and fuse into
+few collectives (explicit ``groups`` only split that submission). Names are positional
+(``<prefix>.<index>``): identical on every rank and every step, so the response cache hits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from ..common import collectives as core
+from ..common.messages import ReduceOp
+from ..common.process_sets import ProcessSet, global_process_set
+from . import ops
+from .compression import Compression
+from .mpi_ops import _sparse_allreduce
+from .naming import positional_names
+
+
+@dataclass(frozen=True)
+class GradientReduction:
+    """How gradients are combined across ranks (Horovod's optimizer/tape arguments)."""
+
+    op: ReduceOp = ReduceOp.AVERAGE
+    compression: Any = Compression.none
+    sparse_as_dense: bool = False
+    gradient_predivide_factor: float = 1.0
+    groups: int | Sequence[Sequence[Any]] | None = None
+    process_set: ProcessSet = global_process_set
+    prefix: str = "DistributedGradientTape"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "op", ReduceOp(self.op))
+        if self.gradient_predivide_factor != 1.0 and self.op != ReduceOp.AVERAGE:
+            raise ValueError("gradient_predivide_factor is only defined for op=Average, "
+                             f"not {self.op.name.capitalize()}")
+        if isinstance(self.groups, int) and self.groups < 0:
+            raise ValueError(f"groups must be a non-negative integer, got {self.groups}")
+
+    def __call__(self, grads: Sequence[Any], variables: Sequence[Any] | None = None) -> list[Any]:
+        """Reduced gradients, in order; None stays None (a variable with no gradient)."""
+        process_set = core.resolve(self.process_set)
+        results = [tf.convert_to_tensor(g) if self.sparse_as_dense and
+                   isinstance(g, tf.IndexedSlices) else g for g in grads]
+        if process_set.size() == 1:
+            return results
+        names = positional_names(self.prefix, len(results))
+        # Average with a predivide factor: scale by 1/f before the sum, f/size after.
+        prescale = 1.0 / self.gradient_predivide_factor
+        postscale = self.gradient_predivide_factor
+        dense = []
+        for i, grad in enumerate(results):
+            if isinstance(grad, tf.IndexedSlices):
+                results[i] = _sparse_allreduce(grad, self.op, prescale, postscale, names[i],
+                                               process_set)
+            elif grad is not None:
+                dense.append(i)
+        packed = [self.compression.compress(tf.convert_to_tensor(results[i])) for i in dense]
+        reduced = ops.allreduce([p[0] for p in packed], [names[i] for i in dense], self.op,
+                                prescale, postscale, process_set,
+                                self._group_positions(dense, variables))
+        for i, out, (_, ctx) in zip(dense, reduced, packed):
+            results[i] = self.compression.decompress(out, ctx)
+        return results
+
+    def _group_positions(self, dense: list[int],
+                         variables: Sequence[Any] | None) -> list[list[int]] | None:
+        """Positions in ``dense`` per submission; None: one submission for all."""
+        if not self.groups or not dense:
+            return None
+        if isinstance(self.groups, int):
+            return [list(part) for part in np.array_split(np.arange(len(dense)), self.groups)
+                    if len(part)]
+        if variables is None:
+            raise ValueError("groups given as lists of variables need the variables the "
+                             "gradients belong to")
+        position = {id(variables[i]): p for p, i in enumerate(dense)}
+        grouped, seen = [], set()
+        for group in self.groups:
+            members = [position[id(v)] for v in group if id(v) in position]
+            seen.update(members)
+            if members:
+                grouped.append(members)
+        # Horovod: a variable in no list forms a group of its own.
+        return grouped + [[p] for p in range(len(dense)) if p not in seen]

@@ -1,0 +1,136 @@
+"""DistributedOptimizer for Keras 3: reduce gradients where Keras 3 really applies them.
+
+Horovod's Keras wrapper overrides ``get_gradients``/``_aggregate_gradients``, which Keras 3
+never calls, so under ``model.fit`` it trains each rank on its own gradients without a
+word. Every Keras 3 update goes through ``Optimizer.apply`` (``model.fit``'s TF
+train_step calls ``apply_gradients``, which calls ``apply``; custom loops call either),
+so that is the one method overridden, in a subclass of the wrapped optimizer's own class.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import keras
+import tensorflow as tf
+
+from ...common.messages import ReduceOp
+from ...common.process_sets import ProcessSet, global_process_set
+from ..compression import Compression
+from ..gradient_reduction import GradientReduction
+
+_classes: dict[type, type] = {}
+
+
+class _DistributedOptimizerMixin:
+    """Goes first in the MRO, before the wrapped optimizer's class."""
+
+    _hvd_reduction = GradientReduction(prefix="DistributedOptimizer")
+    _hvd_passes = 1
+    _hvd_average_aggregated = False
+
+    def build(self, variables: Sequence[Any]) -> None:
+        super().build(variables)  # type: ignore[misc]
+        if self._hvd_passes > 1 and not hasattr(self, "_hvd_accumulators"):
+            self._hvd_accumulators = [self.add_variable_from_reference(v, "hvd_accumulated")
+                                      for v in variables]
+            self._hvd_counter = self.add_variable((), "zeros", "int64",
+                                                  name="hvd_backward_passes")
+
+    def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
+        grads = list(grads)
+        variables = list(trainable_variables) if trainable_variables is not None else \
+            getattr(self, "_trainable_variables", None) or None
+        if self._hvd_passes == 1:
+            return super().apply(self._hvd_reduction(grads, variables),  # type: ignore[misc]
+                                 trainable_variables)
+        return self._hvd_accumulate(grads, variables)
+
+    def _hvd_accumulate(self, grads: list[Any], variables: list[Any] | None) -> None:
+        """Sum backward_passes_per_step local gradients, then reduce and apply once; the
+        other steps only advance ``iterations`` (as Horovod does)."""
+        if variables is None:
+            raise ValueError("DistributedOptimizer: pass the variables with the first "
+                             "gradients (apply_gradients(zip(grads, vars))).")
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(variables)
+        accumulators = [self._hvd_accumulators[self._get_variable_index(v)] for v in variables]
+        for grad, accumulator in zip(grads, accumulators):
+            if isinstance(grad, tf.IndexedSlices):
+                if not self._hvd_reduction.sparse_as_dense:
+                    raise ValueError("IndexedSlices gradients with backward_passes_per_step > 1 "
+                                     "need sparse_as_dense=True.")
+                grad = tf.convert_to_tensor(grad)
+            if grad is not None:
+                accumulator.assign_add(tf.cast(grad, accumulator.dtype))
+        self._hvd_counter.assign_add(1)
+        apply = super().apply  # type: ignore[misc]
+        present = [g is not None for g in grads]
+
+        def reduce_and_apply() -> None:
+            summed = [tf.convert_to_tensor(a) if p else None
+                      for a, p in zip(accumulators, present)]
+            reduced = self._hvd_reduction(summed, variables)
+            if self._hvd_average_aggregated:
+                reduced = [g / self._hvd_passes if g is not None else None for g in reduced]
+            apply(reduced, variables)
+            for accumulator in accumulators:
+                accumulator.assign(tf.zeros_like(accumulator))
+            self._hvd_counter.assign(0)
+
+        def skip() -> None:
+            self._iterations.assign_add(1)
+
+        tf.cond(tf.equal(self._hvd_counter, self._hvd_passes), reduce_and_apply, skip)
+
+
+def distributed_class(base: type) -> type:
+    """The wrapped class: same name and module as base, so a saved model names base and
+    loads without horovodish (load_model() below re-wraps it)."""
+    base = getattr(base, "_hvd_base", base)
+    if base not in _classes:
+        _classes[base] = type(base.__name__, (_DistributedOptimizerMixin, base),
+                              {"__module__": base.__module__, "_hvd_base": base})
+    return _classes[base]
+
+
+def configure(optimizer: Any, reduction: GradientReduction, backward_passes_per_step: int,
+              average_aggregated_gradients: bool) -> Any:
+    """Make optimizer (an instance of a distributed_class) reduce with these settings."""
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    optimizer._hvd_reduction = reduction
+    optimizer._hvd_passes = int(backward_passes_per_step)
+    optimizer._hvd_average_aggregated = bool(average_aggregated_gradients)
+    return optimizer
+
+
+def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
+                         device_sparse: str = "", compression: Any = Compression.none,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op: ReduceOp = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, groups: Any = None,
+                         process_set: ProcessSet = global_process_set) -> Any:
+    """A copy of a Keras 3 optimizer that averages (op) gradients across ranks.
+
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
+        model.compile(optimizer=opt, loss=...)      # jit_compile must stay off
+        model.fit(x_shard, y_shard, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+
+    Contract: every rank wraps the same optimizer for the same model and steps together;
+    after each update the weights are identical on every rank if they started so (use
+    BroadcastGlobalVariablesCallback or broadcast_variables). The copy is built fresh from
+    ``optimizer.get_config()`` (state is not carried over, as in Horovod). Reduction
+    happens before clipping and weight decay. With ``backward_passes_per_step`` k > 1,
+    gradients are summed locally for k steps and reduced and applied on the k-th
+    (divided by k only if ``average_aggregated_gradients``); the other steps just advance
+    ``iterations``. ``gradient_predivide_factor`` f (op=Average): 1/f before the sum,
+    f/size after it.
+    """
+    reduction = GradientReduction(op, compression, sparse_as_dense, gradient_predivide_factor,
+                                  groups, process_set, "DistributedOptimizer")
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    wrapped = distributed_class(type(optimizer)).from_config(config)
+    return configure(wrapped, reduction, backward_passes_per_step, average_aggregated_gradients)

@@ -1,0 +1,280 @@
+"""Horovod's TensorFlow collectives: same names, arguments and semantics, eager or traced.
+
+Floating-point results are differentiable (tf.custom_gradient), with Horovod's gradients:
+allreduce -> allreduce with the same op and scale factors; allgather -> the averaged
+gradient, this rank's rows; broadcast -> the averaged gradient on the root, zeros
+elsewhere; reducescatter -> an allgather; alltoall -> the reverse alltoall.
+``device_dense``/``device_sparse`` are accepted for compatibility: tensors are staged
+through host memory, whatever device they live on.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from ..common import basics
+from ..common import collectives as core
+from ..common.messages import ReduceOp
+from ..common.process_sets import ProcessSet, global_process_set
+from . import ops
+from .compression import Compression
+from .naming import op_names
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+Grads = Callable[[list[tf.Tensor], list[tf.Tensor]], list[Any]]
+
+# Public entry points are plain Python to AutoGraph: it would only slow tracing down.
+public = tf.autograph.experimental.do_not_convert
+
+
+def _resolve_op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
+    if average is not None and op is not None:
+        raise ValueError("pass either average= (deprecated) or op=, not both")
+    if op is None:
+        return Sum if average is False else Average
+    return ReduceOp(op)
+
+
+def _tensors(values: Sequence[Any], opname: str) -> list[tf.Tensor]:
+    tensors = [tf.convert_to_tensor(v) for v in values]
+    for tensor in tensors:
+        ops.check_dtype(tensor, opname)
+    return tensors
+
+
+def _differentiable(forward: Callable[[list[tf.Tensor]], list[tf.Tensor]], backward: Grads,
+                    tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+    """forward(xs) -> ys, with backward(dys, xs) -> dxs registered as its gradient."""
+    if not any(t.dtype.is_floating for t in tensors):
+        return forward(tensors)  # nothing to differentiate; skip the tape bookkeeping
+
+    @tf.custom_gradient
+    def apply(*xs: tf.Tensor) -> Any:
+        ys = forward(list(xs))
+
+        def grad(*dys: tf.Tensor) -> list[Any]:
+            dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys)]
+            dxs = backward(list(dys), list(xs))
+            return [dx if x.dtype.is_floating else None for dx, x in zip(dxs, xs)]
+        return ys, grad
+    return list(apply(*tensors))
+
+
+def _scale(tensors: list[tf.Tensor], factor: float) -> list[tf.Tensor]:
+    if factor == 1.0:
+        return tensors
+    # tf.constant, not tf.cast: a Python float would pass through float32 first.
+    return [t * tf.constant(factor, t.dtype) if t.dtype.is_floating else t for t in tensors]
+
+
+# -- allreduce -----------------------------------------------------------------------------
+def _allreduce(tensors: list[tf.Tensor], op: ReduceOp, prescale: float, postscale: float,
+               names: list[str], process_set: ProcessSet) -> list[tf.Tensor]:
+    def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
+        return ops.allreduce(dys, op_names(None, dys, "allreduce.grad", process_set), op,
+                             prescale, postscale, process_set)
+    return _differentiable(lambda xs: ops.allreduce(xs, names, op, prescale, postscale,
+                                                    process_set), backward, tensors)
+
+
+def _sparse_allreduce(slices: tf.IndexedSlices, op: ReduceOp, prescale: float,
+                      postscale: float, name: str | None,
+                      process_set: ProcessSet) -> tf.IndexedSlices:
+    """Allgather of values and indices: duplicates add up when the slices are applied."""
+    if op not in (Sum, Average):
+        raise NotImplementedError(
+            f"allreduce of IndexedSlices '{name or 'unnamed'}': only Sum and Average are "
+            f"defined for sparse gradients, not {op.name.capitalize()}; pass "
+            "sparse_as_dense=True or convert with tf.convert_to_tensor.")
+    names = [f"{name}.values", f"{name}.indices"] if name else None
+    values, indices = grouped_allgather([slices.values, slices.indices], name=None,
+                                        process_set=process_set, _names=names)
+    factor = prescale * postscale / (process_set.size() if op == Average else 1)
+    return tf.IndexedSlices(_scale([values], factor)[0], indices, slices.dense_shape)
+
+
+@public
+def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
+              device_sparse: str = "", compression: Any = Compression.none,
+              op: ReduceOp | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> Any:
+    """Reduce a tensor (or tf.IndexedSlices) across ranks; Average unless op says otherwise."""
+    op = _resolve_op(average, op)
+    process_set = core.resolve(process_set)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name,
+                                 process_set)
+    compressed, ctx = compression.compress(_tensors([tensor], "allreduce")[0])
+    reduced = _allreduce([compressed], op, prescale_factor, postscale_factor,
+                         op_names(name, [compressed], "allreduce", process_set), process_set)
+    return compression.decompress(reduced[0], ctx)
+
+
+@public
+def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
+                      device_dense: str = "", device_sparse: str = "",
+                      compression: Any = Compression.none, op: ReduceOp | None = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set,
+                      name: str | None = None) -> list[Any]:
+    """Reduce several tensors in one submission, so they fuse into few collectives."""
+    op = _resolve_op(average, op)
+    process_set = core.resolve(process_set)
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    results: list[Any] = list(tensors)
+    for i, tensor in enumerate(tensors):
+        if i not in dense:
+            results[i] = _sparse_allreduce(tensor, op, prescale_factor, postscale_factor,
+                                           f"{name}.{i}" if name else None, process_set)
+    packed = [compression.compress(t) for t in _tensors([tensors[i] for i in dense],
+                                                         "grouped_allreduce")]
+    names = op_names(name, tensors, "allreduce", process_set)
+    reduced = _allreduce([p[0] for p in packed], op, prescale_factor, postscale_factor,
+                         [names[i] for i in dense], process_set)
+    for i, out, (_, ctx) in zip(dense, reduced, packed):
+        results[i] = compression.decompress(out, ctx)
+    return results
+
+
+# -- allgather -----------------------------------------------------------------------------
+@public
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
+                      process_set: ProcessSet = global_process_set,
+                      _names: list[str] | None = None) -> list[tf.Tensor]:
+    process_set = core.resolve(process_set)
+    tensors = _tensors(tensors, "allgather")
+    names = _names or op_names(name, tensors, "allgather", process_set)
+
+    def backward(dys: list[tf.Tensor], xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        reduced = ops.allreduce(dys, op_names(None, dys, "allgather.grad", process_set),
+                                Average, 1.0, 1.0, process_set)
+        firsts = [tf.shape(x, out_type=tf.int64)[:1] for x in xs]
+        dims = ops.allgather(firsts, op_names(None, firsts, "allgather.grad_dims",
+                                              process_set), process_set)
+        rank = process_set.rank()
+        return [g[tf.reduce_sum(d[:rank]):tf.reduce_sum(d[:rank + 1])]
+                for g, d in zip(reduced, dims)]
+    return _differentiable(lambda xs: ops.allgather(xs, names, process_set), backward, tensors)
+
+
+@public
+def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Concatenate every rank's tensor along the first dimension (sizes may differ)."""
+    return grouped_allgather([tensor], name, process_set)[0]
+
+
+# -- broadcast -----------------------------------------------------------------------------
+def _broadcast(tensors: list[tf.Tensor], root_rank: int, names: list[str],
+               process_set: ProcessSet) -> list[tf.Tensor]:
+    def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
+        reduced = ops.allreduce(dys, op_names(None, dys, "broadcast.grad", process_set),
+                                Average, 1.0, 1.0, process_set)
+        return reduced if basics.rank() == root_rank else [tf.zeros_like(g) for g in reduced]
+    return _differentiable(lambda xs: ops.broadcast(xs, names, root_rank, process_set),
+                           backward, tensors)
+
+
+@public
+def broadcast(tensor: Any, root_rank: int, name: str | None = None,
+              ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """root_rank's tensor on every rank (root_rank is a world rank)."""
+    process_set = core.resolve(process_set)
+    tensors = _tensors([tensor], "broadcast")
+    return _broadcast(tensors, root_rank, op_names(name, tensors, "broadcast", process_set),
+                      process_set)[0]
+
+
+@public
+def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> list[Any]:
+    """In place: assign root_rank's values to the variables (tf.Variable or keras.Variable)."""
+    process_set = core.resolve(process_set)
+    variables = list(variables)
+    values = _tensors(variables, "broadcast_")
+    names = op_names(name, values, "broadcast", process_set)
+    for variable, value in zip(variables, ops.broadcast(values, names, root_rank, process_set)):
+        variable.assign(value)
+    return variables
+
+
+# -- alltoall ------------------------------------------------------------------------------
+@public
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
+             ignore_name_scope: bool = False,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Send splits[i] rows to rank i. With splits, returns (output, received_splits)."""
+    process_set = core.resolve(process_set)
+    tensors = _tensors([tensor], "alltoall")
+    op_name = op_names(name, tensors, "alltoall", process_set)[0]
+    received: list[tf.Tensor] = []
+
+    def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        out, got = ops.alltoall(xs[0], splits, op_name, process_set)
+        received.append(got)
+        return [out]
+
+    def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
+        back = received[0] if splits is not None else None
+        return [ops.alltoall(dys[0], back, op_names(None, dys, "alltoall.grad", process_set)[0],
+                             process_set)[0]]
+    output = _differentiable(forward, backward, tensors)[0]
+    return output if splits is None else (output, received[0])
+
+
+# -- reducescatter -------------------------------------------------------------------------
+@public
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
+                          compression: Any = Compression.none, op: ReduceOp = Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          name: str | None = None) -> list[tf.Tensor]:
+    """Reduce across ranks, keep this rank's rows (low ranks get the extra ones)."""
+    op = ReduceOp(op)
+    process_set = core.resolve(process_set)
+    packed = [compression.compress(t) for t in _tensors(tensors, "reducescatter")]
+    inputs = [p[0] for p in packed]
+    names = op_names(name, inputs, "reducescatter", process_set)
+    factor = prescale_factor * postscale_factor / (process_set.size() if op == Average else 1)
+
+    def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
+        gathered = ops.allgather(dys, op_names(None, dys, "reducescatter.grad", process_set),
+                                 process_set)
+        return _scale(gathered, factor)
+    outs = _differentiable(lambda xs: ops.reducescatter(xs, names, op, prescale_factor,
+                                                        postscale_factor, process_set),
+                           backward, inputs)
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, packed)]
+
+
+@public
+def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,
+                  op: ReduceOp = Average, name: str | None = None,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> tf.Tensor:
+    return grouped_reducescatter([tensor], device_dense, compression, op, process_set,
+                                 prescale_factor, postscale_factor, name)[0]
+
+
+# -- synchronization -----------------------------------------------------------------------
+@public
+def join() -> tf.Tensor:
+    """Signal that this rank has no more data; the others' allreduces continue with this
+    rank contributing zeros. Returns the rank that joined last, once all have joined."""
+    basics.state()
+    return ops.join()
+
+
+@public
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank (of the set) reaches the barrier."""
+    ops.barrier(core.resolve(process_set))

@@ -1,0 +1,237 @@
+"""Raw collectives: the one place TensorFlow tensors meet the core (numpy in, numpy out).
+
+Eager tensors go straight to the core, with no op built (the cheapest path). Inside
+tf.function each call becomes one stateful ``tf.numpy_function`` whose body submits to the
+core and waits. tf.function's automatic control dependencies run stateful ops in program
+order, so every rank reaches its collectives in the same order even though each op blocks
+a TensorFlow thread while it waits. No gradients here (see mpi_ops.py).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from ..common import collectives as core
+from ..common.handles import Handle
+from ..common.messages import ReduceOp
+from ..common.process_sets import ProcessSet
+
+_SUPPORTED = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
+              tf.float32, tf.float64, tf.bool)
+
+
+def check_dtype(tensor: Any, opname: str) -> None:
+    if tensor.dtype not in _SUPPORTED:
+        names = ", ".join(d.name for d in _SUPPORTED)
+        raise TypeError(f"{opname}: dtype {tensor.dtype.name} is not supported; "
+                        f"supported: {names}")
+
+
+def _require_xla_free(opname: str) -> None:
+    """A numpy_function cannot be XLA-compiled; say so at trace time, not deep in XLA."""
+    try:
+        from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
+    except ImportError:
+        return
+    if GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise ValueError(f"horovodish {opname} cannot run inside an XLA-compiled function "
+                         "(jit_compile=True); drop jit_compile, or for Keras pass "
+                         "jit_compile=False to model.compile().")
+
+
+def wait_all(handles: Sequence[Handle]) -> list[Any]:
+    """Wait for every handle before raising the first error, so that no name is still in
+    flight when the caller retries or moves on."""
+    results, error = [], None
+    for handle in handles:
+        try:
+            results.append(handle.wait())
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            results.append(None)
+            error = error or exc
+    if error is not None:
+        raise error
+    return results
+
+
+_ALIGN = 64  # TensorFlow kernels assume buffers aligned to EIGEN_MAX_ALIGN_BYTES
+
+
+def empty(shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+    """An output buffer TensorFlow can adopt without a copy (see to_tensor)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    offset = -raw.ctypes.data % _ALIGN
+    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
+
+
+def to_tensor(array: np.ndarray) -> tf.Tensor:
+    """Zero-copy through DLPack where TensorFlow allows it (an aligned buffer of a plain
+    numeric dtype): copying the result was most of an eager allreduce's cost."""
+    if (array.dtype.kind in "iuf" and array.ctypes.data % _ALIGN == 0
+            and array.flags.c_contiguous):
+        return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+    return tf.convert_to_tensor(array)
+
+
+def _host_view(tensor: Any) -> np.ndarray:
+    """np.asarray views an eager tensor's buffer (.numpy() copies it); a 0-dim tensor's
+    __array__ gives a numpy scalar, which np.asarray refuses."""
+    return np.asarray(tensor) if tensor.shape.rank else np.asarray(tensor.numpy())
+
+
+def run(body: Callable[..., list[np.ndarray]], tensors: Sequence[Any],
+        out_dtypes: Sequence[tf.DType], opname: str) -> list[tf.Tensor]:
+    """body(*numpy arrays) -> numpy arrays, eagerly or as one graph op."""
+    if tf.executing_eagerly():
+        return [to_tensor(out) for out in body(*[_host_view(t) for t in tensors])]
+    _require_xla_free(opname)
+    traced = ", ".join(t.name for t in tensors)
+
+    def graph_body(*arrays: np.ndarray) -> list[np.ndarray]:
+        try:
+            return body(*[np.asarray(a) for a in arrays])
+        except Exception as exc:
+            # TensorFlow reports only the message: keep the type's name and the graph
+            # tensors (the core's names for traced ops are counters).
+            try:
+                wrapped = type(exc)(f"{type(exc).__name__}: {exc} [tf.function tensors: "
+                                    f"{traced}]")
+            except Exception:  # noqa: BLE001 - a type with another constructor
+                raise exc from None
+            raise wrapped from exc
+    outs = tf.numpy_function(graph_body, list(tensors), list(out_dtypes), stateful=True,
+                             name=f"Horovodish{opname.title().replace('_', '')}")
+    return list(outs) if out_dtypes else []  # no outputs: numpy_function gives the op
+
+
+def _set_shapes(outs: list[tf.Tensor], shapes: Sequence[Any]) -> list[tf.Tensor]:
+    for out, shape in zip(outs, shapes):
+        out.set_shape(shape)
+    return outs
+
+
+# -- the collectives ------------------------------------------------------------------------
+def allreduce(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, prescale: float,
+              postscale: float, process_set: ProcessSet,
+              groups: Sequence[Sequence[int]] | None = None) -> list[tf.Tensor]:
+    """Reduce tensors; each group (indices into tensors) is submitted as one grouped call."""
+    if not tensors:
+        return []
+    groups = groups or [range(len(tensors))]
+
+    def body(*arrays: np.ndarray) -> list[np.ndarray]:
+        outs = [empty(a.shape, a.dtype) for a in arrays]
+        handles: list[Handle] = []
+        for group in groups:
+            handles += core.grouped_allreduce_async(
+                [arrays[i] for i in group], [outs[i] for i in group], [names[i] for i in group],
+                op, prescale, postscale, "cpu", process_set)
+        wait_all(handles)
+        return outs
+
+    outs = run(body, tensors, [t.dtype for t in tensors], "allreduce")
+    return _set_shapes(outs, [t.shape for t in tensors])
+
+
+def allgather(tensors: Sequence[Any], names: Sequence[str],
+              process_set: ProcessSet) -> list[tf.Tensor]:
+    if not tensors:
+        return []
+    for tensor in tensors:
+        if tensor.shape.rank == 0:
+            raise ValueError(f"allgather of tensor '{names[0]}': a 0-dim tensor has no first "
+                             "dimension to gather along; reshape it to (1,).")
+
+    def body(*arrays: np.ndarray) -> list[np.ndarray]:
+        allocators = [lambda shape, dtype=a.dtype: empty(shape, dtype) for a in arrays]
+        return wait_all(core.grouped_allgather_async(arrays, allocators, names, "cpu",
+                                                     process_set))
+
+    outs = run(body, tensors, [t.dtype for t in tensors], "allgather")
+    return _set_shapes(outs, [tf.TensorShape([None]).concatenate(t.shape[1:])
+                              if t.shape.rank is not None else None for t in tensors])
+
+
+def broadcast(tensors: Sequence[Any], names: Sequence[str], root_rank: int,
+              process_set: ProcessSet) -> list[tf.Tensor]:
+    if not tensors:
+        return []
+
+    def body(*arrays: np.ndarray) -> list[np.ndarray]:
+        return wait_all([core.broadcast_async(a, empty(a.shape, a.dtype), root_rank, name,
+                                              "cpu", process_set)
+                         for a, name in zip(arrays, names)])
+
+    outs = run(body, tensors, [t.dtype for t in tensors], "broadcast")
+    return _set_shapes(outs, [t.shape for t in tensors])
+
+
+def alltoall(tensor: Any, splits: Any, name: str,
+             process_set: ProcessSet) -> tuple[tf.Tensor, tf.Tensor]:
+    """(output, received_splits); splits may be None, a list, or an integer tensor."""
+    if tensor.shape.rank == 0:
+        raise ValueError(f"alltoall of tensor '{name}': a 0-dim tensor has no first dimension "
+                         "to split; reshape it to (1,).")
+    split_tensor = None if splits is None or not tf.is_tensor(splits) else splits
+    fixed = None if splits is None or split_tensor is not None else [int(s) for s in splits]
+
+    def body(array: np.ndarray, *split_arrays: np.ndarray) -> list[np.ndarray]:
+        parts = [int(s) for s in split_arrays[0].reshape(-1)] if split_arrays else fixed
+        kept: list[np.ndarray] = []
+
+        def allocate(shape: tuple[int, ...]) -> np.ndarray:
+            kept.append(empty(shape, array.dtype))
+            return kept[-1]
+        out, received = core.alltoall_async(array, parts, allocate, name, "cpu",
+                                            process_set).wait()
+        return [out, np.asarray(received, np.int32)]
+
+    inputs = [tensor] + ([split_tensor] if split_tensor is not None else [])
+    out, received = run(body, inputs, [tensor.dtype, tf.int32], "alltoall")
+    rows = tf.TensorShape([None]).concatenate(tensor.shape[1:]) \
+        if tensor.shape.rank is not None else None
+    return tuple(_set_shapes([out, received], [rows, [process_set.size()]]))
+
+
+def reducescatter(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, prescale: float,
+                  postscale: float, process_set: ProcessSet) -> list[tf.Tensor]:
+    if not tensors:
+        return []
+    rank, size = process_set.rank(), process_set.size()
+    for tensor, name in zip(tensors, names):
+        if tensor.shape.rank == 0:
+            raise ValueError(f"reducescatter of tensor '{name}': a 0-dim tensor has no first "
+                             "dimension to scatter along; reshape it to (1,).")
+
+    def body(*arrays: np.ndarray) -> list[np.ndarray]:
+        outs = [empty(core.reducescatter_shape(a.shape, rank, size), a.dtype) for a in arrays]
+        wait_all(core.grouped_reducescatter_async(arrays, outs, names, op, prescale, postscale,
+                                                  "cpu", process_set))
+        return outs
+
+    def static_shape(shape: tf.TensorShape) -> Any:
+        if shape.rank is None:
+            return None
+        rows = shape[0]
+        first = core.reducescatter_shape((rows,), rank, size)[0] if rows is not None else None
+        return tf.TensorShape([first]).concatenate(shape[1:])
+
+    outs = run(body, tensors, [t.dtype for t in tensors], "reducescatter")
+    return _set_shapes(outs, [static_shape(t.shape) for t in tensors])
+
+
+def join() -> tf.Tensor:
+    """The last rank to join, once every rank has."""
+    body = lambda: [np.asarray(core.join_async().wait(), np.int32)]  # noqa: E731
+    return _set_shapes(run(body, [], [tf.int32], "join"), [[]])[0]
+
+
+def barrier(process_set: ProcessSet) -> None:
+    def body() -> list[np.ndarray]:
+        core.barrier_async(process_set).wait()
+        return []
+    run(body, [], [], "barrier")

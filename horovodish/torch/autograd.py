@@ -1,0 +1,179 @@
+"""Gradients of the collectives (Horovod's), so they can sit inside a model's forward.
+
+``mpi_ops``' blocking forms route here when an input requires grad. Each backward is
+itself a collective, so every rank must run it: the name of a backward op is the
+forward's name plus ``.grad``, and an unnamed forward gets its automatic name *before*
+it runs, so backward names agree across ranks whenever forward names do.
+
+Gradients (as in Horovod):
+  allreduce      allreduce of the grad with the same op and scale factors
+  allgather      the grad averaged over ranks, narrowed to this rank's rows
+  broadcast      the grad averaged over ranks on the root, zeros elsewhere
+  alltoall       alltoall of the grad back along the received splits
+  reducescatter  allgather of the grad, times the scale factors (and 1/size for Average)
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ..common import basics
+from ..common import collectives as core
+from ..common.messages import ReduceOp
+from ..common.process_sets import ProcessSet
+from . import mpi_ops
+
+
+def _name(name: str | None, opname: str, process_set: ProcessSet) -> str:
+    return name if name is not None else core.auto_name(opname, process_set)
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str, op: ReduceOp, prescale: float,
+                postscale: float, process_set: ProcessSet) -> torch.Tensor:
+        ctx.args = (name, op, prescale, postscale, process_set)
+        return mpi_ops.synchronize(mpi_ops.allreduce_async(
+            tensor, name=name, op=op, prescale_factor=prescale, postscale_factor=postscale,
+            process_set=process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        name, op, prescale, postscale, process_set = ctx.args
+        return (mpi_ops.allreduce(grad, name=f"{name}.grad", op=op, prescale_factor=prescale,
+                                  postscale_factor=postscale, process_set=process_set),
+                None, None, None, None, None)
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, names: list[str], op: ReduceOp, prescale: float, postscale: float,
+                process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.args = (names, op, prescale, postscale, process_set)
+        return tuple(mpi_ops.synchronize(mpi_ops.grouped_allreduce_async(
+            tensors, name=names, op=op, prescale_factor=prescale, postscale_factor=postscale,
+            process_set=process_set)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        names, op, prescale, postscale, process_set = ctx.args
+        reduced = mpi_ops.grouped_allreduce(
+            list(grads), name=[f"{n}.grad" for n in names], op=op, prescale_factor=prescale,
+            postscale_factor=postscale, process_set=process_set)
+        return (None, None, None, None, None, *reduced)
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str,
+                process_set: ProcessSet) -> torch.Tensor:
+        ctx.args = (name, tensor.shape[0], process_set)
+        return mpi_ops.synchronize(mpi_ops.allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        name, rows, process_set = ctx.args
+        reduced = mpi_ops.allreduce(grad, name=f"{name}.grad", op=ReduceOp.AVERAGE,
+                                    process_set=process_set)
+        # Every rank's row count, to find where this rank's rows start.
+        counts = mpi_ops.allgather(torch.tensor([rows], dtype=torch.int64),
+                                   name=f"{name}.grad.rows", process_set=process_set)
+        offset = int(counts[:process_set.rank()].sum())
+        return reduced.narrow(0, offset, rows), None, None
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str,
+                process_set: ProcessSet) -> torch.Tensor:
+        ctx.args = (root_rank, name, process_set)
+        return mpi_ops.synchronize(mpi_ops.broadcast_async(tensor, root_rank, name,
+                                                           process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        root_rank, name, process_set = ctx.args
+        reduced = mpi_ops.allreduce(grad, name=f"{name}.grad", op=ReduceOp.AVERAGE,
+                                    process_set=process_set)
+        if basics.rank() != root_rank:
+            reduced = torch.zeros_like(reduced)
+        return reduced, None, None, None
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: list[int] | None, name: str,
+                process_set: ProcessSet) -> tuple[torch.Tensor, torch.Tensor]:
+        output, received = mpi_ops.synchronize(mpi_ops._alltoall_async(
+            tensor, splits, name, process_set, with_received=True))
+        ctx.args = (received.tolist(), name, process_set)
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple:
+        received, name, process_set = ctx.args
+        output, _ = mpi_ops.alltoall(grad, splits=received, name=f"{name}.grad",
+                                     process_set=process_set)
+        return output, None, None, None
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str, op: ReduceOp, prescale: float,
+                postscale: float, process_set: ProcessSet) -> torch.Tensor:
+        ctx.args = (name, op, prescale * postscale, process_set)
+        return mpi_ops.synchronize(mpi_ops.reducescatter_async(
+            tensor, name, op, process_set, prescale, postscale))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        name, op, scale, process_set = ctx.args
+        gathered = mpi_ops.allgather(grad, name=f"{name}.grad", process_set=process_set)
+        if op == ReduceOp.AVERAGE:
+            scale /= process_set.size()
+        if scale != 1.0:
+            gathered = gathered * scale
+        return gathered, None, None, None, None, None
+
+
+def allreduce(tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
+              postscale: float, process_set: ProcessSet) -> torch.Tensor:
+    name = _name(name, "allreduce", process_set)
+    return _Allreduce.apply(tensor, name, op, prescale, postscale, process_set)
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], name: Any, op: ReduceOp,
+                      prescale: float, postscale: float,
+                      process_set: ProcessSet) -> list[torch.Tensor]:
+    names = mpi_ops._names(name, len(tensors), "allreduce", process_set)
+    return list(_GroupedAllreduce.apply(names, op, prescale, postscale, process_set, *tensors))
+
+
+def allgather(tensor: torch.Tensor, name: str | None,
+              process_set: ProcessSet) -> torch.Tensor:
+    return _Allgather.apply(tensor, _name(name, "allgather", process_set), process_set)
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None,
+              process_set: ProcessSet) -> torch.Tensor:
+    return _Broadcast.apply(tensor, root_rank, _name(name, "broadcast", process_set),
+                            process_set)
+
+
+def alltoall(tensor: torch.Tensor, splits: Any, name: str | None,
+             process_set: ProcessSet) -> Any:
+    split_list = None
+    if splits is not None:
+        split_list = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor)
+                                       else splits)]
+    output, received = _Alltoall.apply(tensor, split_list,
+                                       _name(name, "alltoall", process_set), process_set)
+    return output if splits is None else (output, received)
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
+                  postscale: float, process_set: ProcessSet) -> torch.Tensor:
+    return _Reducescatter.apply(tensor, _name(name, "reducescatter", process_set),
+                                ReduceOp(op), prescale, postscale, process_set)

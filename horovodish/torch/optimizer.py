@@ -1,0 +1,398 @@
+"""DistributedOptimizer: average gradients across ranks while backward still runs.
+
+Contract (Horovod's):
+
+* Every rank builds the same model and wraps the same kind of optimizer; parameters are
+  matched across ranks by name (``named_parameters``), so give names whenever the
+  parameter order could differ. Start from identical weights: call
+  ``broadcast_parameters(model.state_dict(), root_rank=0)`` and
+  ``broadcast_optimizer_state(optimizer, root_rank=0)`` once.
+* A hook on each parameter submits an in-place allreduce of its gradient as soon as
+  autograd has accumulated it, so communication overlaps the rest of backward.
+  ``step()`` waits for all of them (``synchronize()``), then runs the wrapped update.
+* A parameter that got no gradient on this rank is reduced with zeros at
+  ``synchronize()``, so a branch taken on some ranks only never stalls the others.
+* ``backward_passes_per_step=k``: gradients accumulate locally for k backward passes and
+  are reduced on the k-th (not divided by k: scale the loss if you want a mean).
+* Buffers (BatchNorm running statistics, ...) are not touched; pass ``buffer_sync=``
+  (see ``BufferSync``) or use ``SyncBatchNorm``.
+
+Example (run with ``horovodishrun -np 2 python train.py``)::
+
+    import torch
+    import horovodish.torch as hvd
+
+    hvd.init()
+    model = torch.nn.Linear(10, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
+    optimizer = hvd.DistributedOptimizer(optimizer,
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    for _ in range(10):
+        optimizer.zero_grad()
+        loss = model(torch.randn(32, 10)).pow(2).mean()
+        loss.backward()
+        optimizer.step()          # gradients are averaged over ranks first
+
+The returned object's class subclasses the wrapped optimizer's class (``isinstance``,
+``state_dict``, LR schedulers work) and shares its state, param_groups and defaults.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+import weakref
+from collections import Counter, deque
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from ..common.messages import ReduceOp
+from ..common.process_sets import ProcessSet, global_process_set
+from . import mpi_ops
+from .buckets import GradientBuckets
+from .compression import Compression
+from .functions import allgather_object
+from .sparse import sparse_allreduce_async
+
+_STATS_KEPT = 1000
+
+
+class _DistributedOptimizer:
+    """Mixed in before the wrapped optimizer's class; state lives in ``_hvd_*`` fields."""
+
+    def _hvd_setup(self, names: dict[torch.Tensor, str], compression: Any,
+                   backward_passes_per_step: int, op: ReduceOp, predivide: float,
+                   groups: list[list[torch.Tensor]] | None, sparse_as_dense: bool,
+                   process_set: ProcessSet, bucket_cap_mb: float,
+                   buffer_sync: Callable[[], None] | None) -> None:
+        self._hvd_names = names
+        self._hvd_params = [p for group in self.param_groups for p in group["params"]
+                            if p.requires_grad]
+        self._hvd_compression = compression
+        self._hvd_op = op
+        self._hvd_scale = (1.0 / predivide, predivide) if op == ReduceOp.AVERAGE else (1.0, 1.0)
+        self._hvd_sparse_as_dense = sparse_as_dense
+        self._hvd_process_set = process_set
+        self._hvd_member = process_set.included()
+        self._hvd_buffer_sync = buffer_sync
+        self._hvd_buckets = GradientBuckets(bucket_cap_mb * 2 ** 20, groups)
+        self._hvd_sparse: dict[torch.Tensor, int] = {}  # sparse_dim of sparse gradients
+        # (handle, params, compression contexts, sent as sparse)
+        self._hvd_pending: list[tuple[int, list[torch.Tensor], list[Any], bool]] = []
+        self._hvd_submitted: set[torch.Tensor] = set()
+        self._hvd_should_sync = True
+        self._hvd_synchronized = False
+        self._hvd_stats: deque[dict[str, int]] = deque(maxlen=_STATS_KEPT)
+        self._hvd_step_start: tuple[int, int, int] | None = None
+        self._hvd_submissions = 0
+        self.set_backward_passes_per_step(backward_passes_per_step)
+        me = weakref.ref(self)
+
+        def hook(param: torch.Tensor) -> None:
+            optimizer = me()
+            if optimizer is not None:
+                optimizer._hvd_grad_ready(param)
+        handles = [p.register_post_accumulate_grad_hook(hook) for p in self._hvd_params]
+        # Hooks outlive a dropped optimizer otherwise, and would keep reducing gradients.
+        weakref.finalize(self, _remove, handles)
+
+    # -- public API --------------------------------------------------------------------
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Reduce on every passes-th backward; gradients accumulate locally in between."""
+        if int(passes) < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+        self.backward_passes_per_step = int(passes)
+        self._hvd_delay = {p: self.backward_passes_per_step for p in self._hvd_params}
+
+    def synchronize(self) -> None:
+        """Finish every gradient reduction of this step (submitting what no hook sent)."""
+        if not self._hvd_member:
+            self._hvd_synchronized = True
+            return
+        leftovers = [p for p in self._hvd_params if p not in self._hvd_submitted]
+        if leftovers:
+            self._hvd_submit(leftovers)
+        for handle, params, ctxs, sparse in self._hvd_pending:
+            outputs = mpi_ops.synchronize(handle)
+            if sparse:
+                params[0].grad = outputs
+                continue
+            for param, output, ctx in zip(params, outputs, ctxs):
+                reduced = self._hvd_compression.decompress(output, ctx)
+                if reduced is not param.grad:
+                    if param.grad.is_sparse:  # reduced as dense: keep it dense
+                        param.grad = reduced
+                    else:
+                        param.grad.copy_(reduced)
+        self._hvd_pending.clear()
+        self._hvd_submitted.clear()
+        for param in self._hvd_params:
+            self._hvd_delay[param] = self.backward_passes_per_step
+        self._hvd_buckets.end_step()
+        if self._hvd_buckets.learning:
+            self._hvd_learn(leftovers)
+        self._hvd_record_stats()
+        self._hvd_synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """For ``synchronize(); clip gradients; with skip_synchronize(): step()``."""
+        self._hvd_should_sync = False
+        try:
+            yield
+        finally:
+            self._hvd_should_sync = True
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        if self._hvd_should_sync:
+            if self._hvd_synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "after optimizer.synchronize(); the gradients are reduced "
+                              "again. Wrap step() in `with optimizer.skip_synchronize():`.")
+            self.synchronize()
+        self._hvd_synchronized = False
+        result = super().step(closure)
+        if self._hvd_buffer_sync is not None:
+            self._hvd_buffer_sync()
+        return result
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._hvd_submitted or self._hvd_pending or any(
+                d != self.backward_passes_per_step for d in self._hvd_delay.values()):
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(): gradient reductions are "
+                "pending (or accumulating for backward_passes_per_step), and zeroing now "
+                "would race with them. Call step() (or synchronize()) first.")
+        super().zero_grad(set_to_none)
+
+    def negotiation_stats(self) -> list[dict[str, int]]:
+        """Per synchronized step (oldest first, the last 1000): runtime ``cycles``,
+        ``slow_cycles`` and ``fast_cycles`` from this step's first gradient submission to
+        the end of synchronize(), and ``submissions`` (calls into the core)."""
+        return list(self._hvd_stats)
+
+    # -- gradient flow -----------------------------------------------------------------
+    def _hvd_grad_ready(self, param: torch.Tensor) -> None:
+        if not self._hvd_member:
+            return
+        if param in self._hvd_submitted or self._hvd_delay[param] <= 0:
+            raise AssertionError(
+                f"the gradient of '{self._hvd_names[param]}' was computed more than "
+                f"backward_passes_per_step={self.backward_passes_per_step} times before "
+                "step(). Call step() after each backward, or increase "
+                "backward_passes_per_step to accumulate gradients locally.")
+        self._hvd_delay[param] -= 1
+        if self._hvd_delay[param] > 0:
+            return
+        grad = param.grad
+        if grad is not None and grad.is_sparse:
+            self._hvd_sparse.setdefault(param, grad.sparse_dim())
+            if self._hvd_sends_sparse(param):
+                self._hvd_submit([param])
+                return
+        ready = self._hvd_buckets.ready(param)
+        if ready:
+            self._hvd_submit(ready)
+
+    def _hvd_sends_sparse(self, param: torch.Tensor) -> bool:
+        """Sparse gradients travel as (indices, values) unless asked for dense, or their
+        parameter sits in a bucket (buckets are dense)."""
+        return not self._hvd_sparse_as_dense and self._hvd_buckets.index(param) is None
+
+    def _hvd_submit(self, params: Sequence[torch.Tensor]) -> None:
+        if self._hvd_step_start is None:
+            self._hvd_step_start = self._hvd_counters()
+        self._hvd_submitted.update(params)
+        dense, tensors, ctxs, names = [], [], [], []
+        for param in params:
+            name = f"allreduce.{self._hvd_names[param]}"
+            sparse = param in self._hvd_sparse and self._hvd_sends_sparse(param)
+            if param.grad is None:  # no gradient on this rank: contribute zeros
+                param.grad = _sparse_zeros(param, self._hvd_sparse[param]) if sparse \
+                    else torch.zeros_like(param)
+            grad = param.grad
+            if sparse and grad.is_sparse:
+                handle = sparse_allreduce_async(grad, name, self._hvd_op,
+                                                self._hvd_process_set)
+                self._hvd_pending.append((handle, [param], [None], True))
+                self._hvd_submissions += 1
+                continue
+            compressed, ctx = self._hvd_compression.compress(
+                grad.to_dense() if grad.is_sparse else grad)
+            dense.append(param)
+            tensors.append(compressed)
+            ctxs.append(ctx)
+            names.append(name)
+        if tensors:
+            prescale, postscale = self._hvd_scale
+            handle = mpi_ops.grouped_allreduce_async_(
+                tensors, name=names, op=self._hvd_op, prescale_factor=prescale,
+                postscale_factor=postscale, process_set=self._hvd_process_set)
+            self._hvd_pending.append((handle, dense, ctxs, False))
+            self._hvd_submissions += 1
+
+    def _hvd_learn(self, unseen: list[torch.Tensor]) -> None:
+        """End of the first step: agree on rank 0's gradient order, so that every rank
+        buckets (and fuses) alike, and on which gradients came sparse on any rank, so
+        that a rank without one sends an empty sparse gradient rather than dense zeros."""
+        names = self._hvd_names
+        order = [names[p] for p in self._hvd_buckets.recorded(unseen)]
+        sparse = {names[p]: dim for p, dim in self._hvd_sparse.items()}
+        if self._hvd_process_set.size() > 1:
+            gathered = allgather_object((order, sparse), name="DistributedOptimizer.order",
+                                        process_set=self._hvd_process_set)
+            order = gathered[0][0]
+            for _, theirs in gathered:
+                sparse.update(theirs)
+        by_name = {name: param for param, name in names.items()}
+        self._hvd_sparse = {by_name[n]: dim for n, dim in sparse.items() if n in by_name}
+        self._hvd_buckets.learn([by_name[n] for n in order
+                                 if n in by_name and n not in sparse])
+
+    def _hvd_counters(self) -> tuple[int, int, int]:
+        runtime = self._hvd_process_set.runtime
+        return runtime.cycles, runtime.controller.slow_cycles, runtime.controller.fast_cycles
+
+    def _hvd_record_stats(self) -> None:
+        if self._hvd_step_start is None:
+            return
+        end = self._hvd_counters()
+        cycles, slow, fast = (b - a for a, b in zip(self._hvd_step_start, end))
+        self._hvd_stats.append({"cycles": cycles, "slow_cycles": slow, "fast_cycles": fast,
+                                "submissions": self._hvd_submissions})
+        self._hvd_step_start = None
+        self._hvd_submissions = 0
+
+
+def _sparse_zeros(param: torch.Tensor, sparse_dim: int) -> torch.Tensor:
+    """An empty sparse gradient, so a rank without one joins the others' sparse reduction."""
+    indices = torch.empty((sparse_dim, 0), dtype=torch.int64, device=param.device)
+    values = torch.empty((0, *param.shape[sparse_dim:]), dtype=param.dtype, device=param.device)
+    return torch.sparse_coo_tensor(indices, values, param.shape, check_invariants=False)
+
+
+# Our step() already runs inside the wrapped class's hooked step (via super()), so torch
+# must not wrap it again when it re-patches classes in load_state_dict/__setstate__.
+_DistributedOptimizer.step.hooked = True  # type: ignore[attr-defined]
+
+_classes: dict[type, type] = {}
+
+
+def _remove(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()
+
+
+def _distributed_class(base: type) -> type:
+    if base not in _classes:
+        _classes[base] = type(base.__name__, (_DistributedOptimizer, base),
+                              {"__module__": __name__})
+    return _classes[base]
+
+
+def _parameter_names(optimizer: torch.optim.Optimizer,
+                     named_parameters: Iterable[tuple[str, torch.Tensor]] | None
+                     ) -> dict[torch.Tensor, str]:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        # torch >= 2.6 optimizers built from named_parameters() keep the names.
+        names: dict[torch.Tensor, str] = {}
+        for i, group in enumerate(optimizer.param_groups):
+            given = group.get("param_names") or [None] * len(group["params"])
+            for j, (param, name) in enumerate(zip(group["params"], given)):
+                names[param] = name if name is not None else f"noname.{i}.{j}"
+        return names
+    pairs = list(named_parameters)
+    if any(not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str)
+           for pair in pairs):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
+                         "usually model.named_parameters().")
+    counts = Counter(name for name, _ in pairs)
+    duplicates = sorted(name for name, count in counts.items() if count > 1)
+    if duplicates:
+        raise ValueError("parameter names in named_parameters must be unique; found "
+                         f"duplicates: {', '.join(duplicates)}")
+    names = {param: name for name, param in pairs}
+    missing = [i for i, p in enumerate(params) if p not in names]
+    if missing:
+        raise ValueError(
+            "named_parameters was given, but it does not name every parameter of the "
+            f"optimizer (positions {missing[:10]} in the optimizer's param_groups). Pass "
+            "model.named_parameters() for the same model the optimizer was built from.")
+    return names
+
+
+def _groups(params: list[torch.Tensor], groups: Any) -> list[list[torch.Tensor]] | None:
+    if groups is None or (isinstance(groups, int) and groups == 0):
+        return None
+    if isinstance(groups, int):
+        if groups < 0:
+            raise ValueError(f"groups must be a non-negative integer or a list of lists of "
+                             f"parameters, got {groups}")
+        count = min(groups, len(params)) or 1
+        base, extra = divmod(len(params), count)
+        chunks, start = [], 0
+        for i in range(count):
+            end = start + base + (1 if i < extra else 0)
+            chunks.append(params[start:end])
+            start = end
+        return chunks
+    seen: set[torch.Tensor] = set()
+    result = []
+    for group in groups:
+        for param in group:
+            if not isinstance(param, torch.Tensor):
+                raise ValueError("groups must be lists of torch.Tensor parameters")
+            if param in seen:
+                raise ValueError("a parameter can appear in only one group")
+            seen.add(param)
+        result.append(list(group))
+    return result
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         compression: Any = Compression.none,
+                         backward_passes_per_step: int = 1, op: ReduceOp = ReduceOp.AVERAGE,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: Any = None, sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set,
+                         bucket_cap_mb: float = 25.0,
+                         buffer_sync: Callable[[], None] | None = None) -> Any:
+    """Wrap ``optimizer`` so that step() uses gradients reduced over all ranks.
+
+    Horovod's arguments, plus (beyond Horovod) ``bucket_cap_mb`` (learned bucket order:
+    0 submits every gradient on its own, as Horovod does) and ``buffer_sync`` (a callable
+    run after every step, e.g. ``hvd.BufferSync(model)``). See the module docstring for
+    the contract and an example.
+    """
+    op = ReduceOp(op)
+    if op == ReduceOp.ADASUM:
+        raise NotImplementedError(
+            "DistributedOptimizer(op=hvd.Adasum) is not implemented yet (Adasum needs the "
+            "delta-based update of Horovod's _DistributedAdasumOptimizer); use op=hvd.Average "
+            "or hvd.Sum, or call hvd.allreduce(..., op=hvd.Adasum) yourself.")
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError(f"DistributedOptimizer supports op=Average or Sum, not "
+                         f"{op.name.capitalize()}")
+    if gradient_predivide_factor != 1.0 and op != ReduceOp.AVERAGE:
+        raise ValueError("gradient_predivide_factor is only supported with op=Average")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
+                         "torch optimizer once")
+    if num_groups:
+        warnings.warn("num_groups is deprecated; use groups=", DeprecationWarning)
+        groups = num_groups if groups is None else groups
+    names = _parameter_names(optimizer, named_parameters)
+    wrapped = _distributed_class(type(optimizer)).__new__(_distributed_class(type(optimizer)))
+    # Share the wrapped optimizer's state, groups, defaults and hooks. "step" is dropped:
+    # an LR scheduler may have put a bound step of the original there.
+    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    wrapped._hvd_setup(names, compression, backward_passes_per_step, op,
+                       float(gradient_predivide_factor), _groups(params, groups),
+                       sparse_as_dense, process_set, bucket_cap_mb, buffer_sync)
+    return wrapped

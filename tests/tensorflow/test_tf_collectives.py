@@ -1,0 +1,23 @@
+"""TensorFlow collectives on real ranks under the launcher, against numpy references.
+
+One launch per world size runs every check (TensorFlow's import alone takes seconds):
+each collective x dtype, eagerly and in tf.function; their gradients; mismatch errors
+that name the tensor; IndexedSlices; compression; variables; objects; join.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from multirank import assert_ok, run_ranks
+
+WORKER = Path(__file__).parent / "workers" / "collectives_worker.py"
+
+
+@pytest.mark.parametrize("np", [1, 2, 3])
+def test_collectives_gradients_and_errors(np):
+    result = run_ranks(WORKER, np, timeout=240)
+    assert_ok(result)
+    for rank in range(np):
+        assert f"OK collectives rank {rank} of {np}" in result.stdout, result.stdout

@@ -1,0 +1,68 @@
+"""Shared by the TensorFlow workers: quiet TF, deterministic per-rank data, checks."""
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+
+
+def quiet_tensorflow() -> None:
+    """Retracing notes (the workers trace on purpose) would bury the failures."""
+    import tensorflow as tf
+    tf.get_logger().setLevel("ERROR")
+
+FLOAT_TOL = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-5, "float64": 1e-12}
+
+
+def data(rank: int, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Rank's input for name: small integers, so sums are exact in every float type."""
+    gen = np.random.default_rng(zlib.crc32(f"{name}/{rank}".encode()))
+    if dtype == "bool":
+        return gen.integers(0, 2, shape).astype(bool)
+    low = 0 if dtype == "uint8" else -3
+    values = gen.integers(low, 4, shape)
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return values.astype(ml_dtypes.bfloat16)
+    return values.astype(dtype)
+
+
+class Checker:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.count = 0
+
+    def true(self, cond: bool, what: str) -> None:
+        self.count += 1
+        if not cond:
+            raise AssertionError(f"rank {self.rank}: {what}")
+
+    def close(self, got, want, what: str, dtype: str = "float64", tol: float | None = None) -> None:
+        got = np.asarray(got)
+        want = np.asarray(want)
+        self.true(got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}")
+        tol = FLOAT_TOL.get(dtype, 0.0) if tol is None else tol
+        if got.dtype == np.bool_ or want.dtype == np.bool_:
+            self.true(bool((got == want).all()), f"{what}: {got} != {want}")
+            return
+        ok = np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+        self.true(ok, f"{what}:\n got {got}\nwant {want}")
+
+    def raises(self, fn, exc_types, must_contain: str, what: str) -> BaseException:
+        try:
+            fn()
+        except exc_types as exc:  # noqa: BLE001
+            self.true(must_contain in str(exc), f"{what}: '{must_contain}' not in: {exc}")
+            return exc
+        self.true(False, f"{what}: no error raised")
+        raise AssertionError  # unreachable
+
+
+def ok(rank: int, size: int, checker: Checker, label: str) -> None:
+    # One write per line: ranks' output is merged by chunks (see tests/multirank.py).
+    sys.stdout.write(f"OK {label} rank {rank} of {size} ({checker.count} checks)\n")
+    sys.stdout.flush()

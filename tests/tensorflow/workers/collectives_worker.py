@@ -1,0 +1,319 @@
+"""Every TensorFlow collective x dtype, eagerly and in tf.function, against numpy.
+
+Each rank's input is a pure function of (rank, name), so every rank computes every other
+rank's input and hence the exact reference. Also: gradients of the collectives, mismatch
+errors that name the tensor, IndexedSlices, compression, variables and objects.
+"""
+from __future__ import annotations
+
+import numpy as np
+from checks import Checker, data, ok, quiet_tensorflow
+
+import tensorflow as tf  # noqa: E402  (checks quiets TF first)
+
+import horovodish.tensorflow as hvd  # noqa: E402
+
+DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+          "float64", "bool"]
+FLOATS = {"float16", "bfloat16", "float32", "float64"}
+OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
+       "Product": hvd.Product}
+
+
+def f64(array: np.ndarray) -> np.ndarray:
+    return np.asarray(array).astype(np.float64) if array.dtype != np.bool_ else array
+
+
+# -- references --------------------------------------------------------------------------------
+def reduce_ref(arrays: list[np.ndarray], op: str, dtype: str, size: int) -> np.ndarray:
+    if dtype == "bool":
+        stacked = np.stack(arrays)
+        return stacked.any(0) if op in ("Sum", "Max") else stacked.all(0)
+    stacked = np.stack([a.astype(np.float64) if dtype in FLOATS else a.astype(np.int64)
+                        for a in arrays])
+    if op == "Sum":
+        return stacked.sum(0)
+    if op == "Average":
+        total = stacked.sum(0)
+        return total / size if dtype in FLOATS else np.floor_divide(total, size)
+    return {"Min": stacked.min(0), "Max": stacked.max(0), "Product": stacked.prod(0)}[op]
+
+
+def splits_of(rank: int, size: int) -> list[int]:
+    return [(rank + j) % 3 for j in range(size)]
+
+
+def inputs_for(rank: int, size: int, dtype: str) -> dict[str, np.ndarray]:
+    rows_rs = 2 * size + 1
+    return {
+        "ar": data(rank, "ar", (3, 4), dtype),
+        "scalar": data(rank, "scalar", (), dtype),
+        "empty": data(rank, "empty", (0, 2), dtype),
+        "g1": data(rank, "g1", (5,), dtype),
+        "ag": data(rank, "ag", (rank + 1, 3), dtype),
+        "even": data(rank, "even", (2 * size, 2), dtype),
+        "uneven": data(rank, "uneven", (sum(splits_of(rank, size)), 2), dtype),
+        "rs": data(rank, "rs", (rows_rs, 2), dtype),
+    }
+
+
+def all_ops(x: dict, splits, dtype: str, size: int) -> dict:
+    """Every collective on x; traced once per dtype under tf.function."""
+    out = {}
+    for label, op in OPS.items():
+        if dtype == "bool" and label == "Average":
+            continue
+        out[f"allreduce.{label}"] = hvd.allreduce(x["ar"], op=op)
+    out["allreduce.scalar"] = hvd.allreduce(x["scalar"], op=hvd.Sum)
+    out["allreduce.empty"] = hvd.allreduce(x["empty"], op=hvd.Sum)
+    if dtype in FLOATS:
+        out["allreduce.scaled"] = hvd.allreduce(x["ar"], op=hvd.Sum, prescale_factor=0.5,
+                                                postscale_factor=3.0)
+    out["grouped.0"], out["grouped.1"] = hvd.grouped_allreduce([x["ar"], x["g1"]], op=hvd.Max)
+    out["allgather"] = hvd.allgather(x["ag"])
+    out["grouped_allgather.0"], out["grouped_allgather.1"] = hvd.grouped_allgather(
+        [x["ag"], x["even"]])
+    for root in range(size):
+        out[f"broadcast.{root}"] = hvd.broadcast(x["ar"], root)
+    out["alltoall.even"] = hvd.alltoall(x["even"])
+    out["alltoall.uneven"], out["alltoall.received"] = hvd.alltoall(x["uneven"], splits=splits)
+    if dtype != "bool":
+        out["reducescatter.Sum"] = hvd.reducescatter(x["rs"], op=hvd.Sum)
+        out["reducescatter.Average"] = hvd.reducescatter(x["rs"], op=hvd.Average)
+        out["grouped_reducescatter.0"], out["grouped_reducescatter.1"] = \
+            hvd.grouped_reducescatter([x["rs"], x["even"]], op=hvd.Sum)
+    return out
+
+
+def expected(dtype: str, rank: int, size: int) -> dict[str, np.ndarray]:
+    every = [inputs_for(r, size, dtype) for r in range(size)]
+    col = lambda key: [e[key] for e in every]  # noqa: E731
+    want = {}
+    for label in OPS:
+        if not (dtype == "bool" and label == "Average"):
+            want[f"allreduce.{label}"] = reduce_ref(col("ar"), label, dtype, size)
+    want["allreduce.scalar"] = reduce_ref(col("scalar"), "Sum", dtype, size)
+    want["allreduce.empty"] = reduce_ref(col("empty"), "Sum", dtype, size)
+    if dtype in FLOATS:
+        want["allreduce.scaled"] = reduce_ref([a.astype(np.float64) * 0.5 for a in col("ar")],
+                                              "Sum", "float64", size) * 3.0
+    want["grouped.0"] = reduce_ref(col("ar"), "Max", dtype, size)
+    want["grouped.1"] = reduce_ref(col("g1"), "Max", dtype, size)
+    want["allgather"] = np.concatenate(col("ag"))
+    want["grouped_allgather.0"] = np.concatenate(col("ag"))
+    want["grouped_allgather.1"] = np.concatenate(col("even"))
+    for root in range(size):
+        want[f"broadcast.{root}"] = every[root]["ar"]
+    per = 2  # alltoall.even: 2 rows from every rank
+    want["alltoall.even"] = np.concatenate([e["even"][rank * per:(rank + 1) * per] for e in every])
+    parts = []
+    for src in range(size):
+        offsets = np.concatenate([[0], np.cumsum(splits_of(src, size))])
+        parts.append(every[src]["uneven"][offsets[rank]:offsets[rank + 1]])
+    want["alltoall.uneven"] = np.concatenate(parts)
+    want["alltoall.received"] = np.array([splits_of(src, size)[rank] for src in range(size)])
+    if dtype != "bool":
+        rows = 2 * size + 1
+        base, extra = divmod(rows, size)
+        start = rank * base + min(rank, extra)
+        stop = start + base + (1 if rank < extra else 0)
+        for label in ("Sum", "Average"):
+            want[f"reducescatter.{label}"] = reduce_ref(col("rs"), label, dtype, size)[start:stop]
+        want["grouped_reducescatter.0"] = reduce_ref(col("rs"), "Sum", dtype, size)[start:stop]
+        want["grouped_reducescatter.1"] = reduce_ref(col("even"), "Sum", dtype, size)[
+            rank * 2:(rank + 1) * 2]
+    return want
+
+
+def check_collectives(c: Checker, rank: int, size: int) -> None:
+    graph_fns = {}
+    for mode in ("eager", "graph"):
+        for dtype in DTYPES:
+            mine = inputs_for(rank, size, dtype)
+            x = {k: tf.constant(v) for k, v in mine.items()}
+            splits = splits_of(rank, size)
+            if mode == "eager":
+                got = all_ops(x, splits, dtype, size)
+            else:
+                fn = graph_fns.setdefault(dtype, tf.function(all_ops))
+                got = fn(x, tf.constant(splits, tf.int32), dtype, size)
+                got = fn(x, tf.constant(splits, tf.int32), dtype, size)  # cached names re-run
+            want = expected(dtype, rank, size)
+            c.true(set(got) == set(want), f"{mode} {dtype}: keys {set(got) ^ set(want)}")
+            for key, value in want.items():
+                tensor = got[key]
+                if key != "alltoall.received":
+                    c.true(tensor.dtype.name == dtype, f"{mode} {dtype} {key}: dtype {tensor.dtype}")
+                c.close(f64(tensor.numpy()), f64(value), f"{mode} {dtype} {key}", dtype)
+
+
+# -- gradients ---------------------------------------------------------------------------------
+def weights(rank: int, name: str, shape) -> np.ndarray:
+    return data(rank, name, shape, "float64") + rank + 1.0
+
+
+def check_gradients(c: Checker, rank: int, size: int) -> None:
+    every_w = lambda name, shape_of: [weights(r, name, shape_of(r)) for r in range(size)]  # noqa
+    root = size - 1
+
+    def losses(x_ar, x_ag, x_rs, x_a2a):
+        w_ar = tf.constant(weights(rank, "w_ar", (3,)))
+        parts = {
+            "Sum": tf.reduce_sum(w_ar * hvd.allreduce(x_ar, op=hvd.Sum)),
+            "Average": tf.reduce_sum(w_ar * hvd.allreduce(x_ar, op=hvd.Average)),
+            "scaled": tf.reduce_sum(w_ar * hvd.allreduce(x_ar, op=hvd.Sum, prescale_factor=2.0,
+                                                         postscale_factor=0.25)),
+            "grouped": tf.reduce_sum(w_ar * hvd.grouped_allreduce([x_ar], op=hvd.Sum)[0]),
+        }
+        gathered = hvd.allgather(x_ag)
+        parts["allgather"] = tf.reduce_sum(tf.constant(weights(rank, "w_ag", (total_ag, 2)))
+                                           * gathered)
+        parts["broadcast"] = tf.reduce_sum(w_ar * hvd.broadcast(x_ar, root))
+        scattered = hvd.reducescatter(x_rs, op=hvd.Average)
+        parts["reducescatter"] = tf.reduce_sum(
+            tf.constant(weights(rank, "w_rs", rs_rows(rank))) * scattered)
+        sent, _ = hvd.alltoall(x_a2a, splits=splits_of(rank, size))
+        parts["alltoall"] = tf.reduce_sum(tf.constant(weights(rank, "w_a2a", a2a_rows(rank)))
+                                          * sent)
+        return parts
+
+    total_ag = sum(r + 1 for r in range(size))
+    rows = 2 * size + 1
+    rs_rows = lambda r: (rows // size + (1 if r < rows % size else 0), 2)  # noqa: E731
+    a2a_rows = lambda r: (sum(splits_of(s, size)[r] for s in range(size)), 2)  # noqa: E731
+
+    def grads(x_ar, x_ag, x_rs, x_a2a):
+        out = {}
+        for key in ("Sum", "Average", "scaled", "grouped", "allgather", "broadcast",
+                    "reducescatter", "alltoall"):
+            with tf.GradientTape() as tape:
+                tape.watch([x_ar, x_ag, x_rs, x_a2a])
+                loss = losses(x_ar, x_ag, x_rs, x_a2a)[key]
+            out[key] = [g for g in tape.gradient(loss, [x_ar, x_ag, x_rs, x_a2a])
+                        if g is not None][0]
+        return out
+
+    w_ar = every_w("w_ar", lambda r: (3,))
+    mean_ar = np.mean(w_ar, 0)
+    want = {"Sum": np.sum(w_ar, 0), "Average": mean_ar, "scaled": np.sum(w_ar, 0) * 0.5,
+            "grouped": np.sum(w_ar, 0),
+            "broadcast": mean_ar if rank == root else np.zeros(3)}
+    offset = sum(r + 1 for r in range(rank))
+    want["allgather"] = np.mean(every_w("w_ag", lambda r: (total_ag, 2)), 0)[
+        offset:offset + rank + 1]
+    want["reducescatter"] = np.concatenate(every_w("w_rs", rs_rows)) / size
+    w_a2a = every_w("w_a2a", a2a_rows)
+    blocks = []
+    for dest in range(size):
+        start = sum(splits_of(s, size)[dest] for s in range(rank))
+        blocks.append(w_a2a[dest][start:start + splits_of(rank, size)[dest]])
+    want["alltoall"] = np.concatenate(blocks)
+    args = [tf.constant(data(rank, "x_ar", (3,), "float64")),
+            tf.constant(data(rank, "x_ag", (rank + 1, 2), "float64")),
+            tf.constant(data(rank, "x_rs", (rows, 2), "float64")),
+            tf.constant(data(rank, "x_a2a", (sum(splits_of(rank, size)), 2), "float64"))]
+    for mode, fn in (("eager", grads), ("graph", tf.function(grads))):
+        got = fn(*args)
+        for key, value in want.items():
+            c.close(got[key].numpy(), value, f"{mode} gradient of {key}")
+
+
+# -- errors, sparse, compression, variables, objects ---------------------------------------
+def check_mismatch(c: Checker, rank: int, size: int) -> None:
+    if size == 1:
+        return  # nothing to disagree with
+    shape = (2,) if rank == 0 else (3,)
+    exc = c.raises(lambda: hvd.allreduce(tf.ones(shape), name="mismatched.shape"),
+                   hvd.HorovodInternalError, "mismatched.shape", "eager shape mismatch")
+    c.true("shape" in str(exc), f"message says what differs: {exc}")
+    dtype = tf.float32 if rank == 0 else tf.float64
+    c.raises(lambda: hvd.allreduce(tf.ones(2, dtype), name="mismatched.dtype"),
+             hvd.HorovodInternalError, "mismatched.dtype", "eager dtype mismatch")
+    c.close(hvd.allreduce(tf.ones(2), op=hvd.Sum).numpy(), np.full(2, size),
+            "allreduce after a mismatch")
+
+    @tf.function
+    def unnamed(x):
+        return hvd.allreduce(x, op=hvd.Sum)
+    exc = c.raises(lambda: unnamed(tf.ones(shape)), tf.errors.OpError, "HorovodInternalError",
+                   "graph shape mismatch")
+    c.true("allreduce.graph0" in str(exc), f"graph error names the tensor: {exc}")
+    c.close(unnamed(tf.ones(2)).numpy(), np.full(2, size), "graph allreduce after a mismatch")
+    c.raises(lambda: hvd.allgather(tf.constant(1.0)), ValueError, "0-dim",
+             "allgather of a scalar")
+    c.raises(lambda: hvd.allreduce(tf.constant(["a"])), TypeError, "not supported",
+             "string dtype")
+
+
+def check_sparse_and_compression(c: Checker, rank: int, size: int) -> None:
+    def slices(r):
+        indices = np.array([r % 4, 7, (3 * r) % 10], np.int64)
+        return data(r, "sv", (3, 2), "float32"), indices
+
+    dense_of = lambda v, i: np.add.at(z := np.zeros((10, 2)), i, v) or z  # noqa: E731
+    every = [dense_of(*slices(r)) for r in range(size)]
+    values, indices = slices(rank)
+    sparse = tf.IndexedSlices(tf.constant(values), tf.constant(indices), tf.constant([10, 2]))
+    for label, op, want in (("Average", hvd.Average, np.mean(every, 0)),
+                            ("Sum", hvd.Sum, np.sum(every, 0))):
+        reduced = hvd.allreduce(sparse, op=op)
+        c.true(isinstance(reduced, tf.IndexedSlices), f"sparse {label} stays IndexedSlices")
+        c.close(tf.convert_to_tensor(reduced).numpy(), want, f"sparse allreduce {label}",
+                "float32")
+    x = data(rank, "comp", (4, 3), "float32") / 7
+    want = np.mean([data(r, "comp", (4, 3), "float32") / 7 for r in range(size)], 0)
+    for label, compression, tol in (("fp16", hvd.Compression.fp16, 2e-3),
+                                    ("bf16", hvd.Compression.bf16, 2e-2)):
+        got = hvd.allreduce(tf.constant(x), compression=compression)
+        c.true(got.dtype == tf.float32, f"{label} decompresses to float32")
+        c.close(got.numpy(), want, f"{label} compression", tol=tol)
+
+
+def check_variables_and_objects(c: Checker, rank: int, size: int) -> None:
+    import keras
+    root = size - 1
+    tf_var = tf.Variable(np.full(3, rank, np.float32))
+    keras_var = keras.Variable(np.full((2, 2), rank, np.float64))
+    counter = tf.Variable(rank, dtype=tf.int64)
+    hvd.broadcast_variables([tf_var, keras_var, counter], root_rank=root)
+    c.close(tf_var.numpy(), np.full(3, root), "broadcast_variables tf.Variable")
+    c.close(keras_var.numpy(), np.full((2, 2), root), "broadcast_variables keras.Variable")
+    c.true(int(counter.numpy()) == root, "broadcast_variables int64")
+    tf_var.assign(np.full(3, rank, np.float32))
+
+    @tf.function
+    def broadcast_in_place() -> None:
+        hvd.broadcast_([tf_var], 0)
+    broadcast_in_place()
+    c.close(tf_var.numpy(), np.zeros(3), "broadcast_ in tf.function")
+    c.true(hvd.broadcast_object({"from": rank}, root_rank=root) == {"from": root},
+           "broadcast_object")
+    c.true(hvd.allgather_object(rank * 10) == [r * 10 for r in range(size)], "allgather_object")
+    hvd.barrier()
+    tf.function(hvd.barrier)()
+    if rank != 0:  # rank 0 joins at once; its zeros still count in the Average
+        got = hvd.allreduce(tf.ones(2) * size, op=hvd.Average, name="after.join")
+        c.close(got.numpy(), np.full(2, size - 1.0), "allreduce with a joined rank")
+    last = int(hvd.join().numpy())
+    c.true(hvd.allgather_object(last) == [last] * size and 0 <= last < size,
+           f"join returns the same last rank everywhere ({last})")
+
+
+def main() -> None:
+    quiet_tensorflow()
+    c = Checker(-1)
+    c.raises(hvd.rank, ValueError, "init()", "rank() before init")
+    c.raises(lambda: hvd.allreduce(tf.ones(1)), ValueError, "init()", "allreduce before init")
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    c.rank = rank
+    check_collectives(c, rank, size)
+    check_gradients(c, rank, size)
+    check_mismatch(c, rank, size)
+    check_sparse_and_compression(c, rank, size)
+    check_variables_and_objects(c, rank, size)
+    ok(rank, size, c, "collectives")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""PyTorch training on real ranks: DistributedOptimizer, broadcasts, autograd of the
+collectives, SyncBatchNorm and buffer strategies. One job per worker and world size;
+each worker runs many checks against independent references and prints one OK line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from multirank import assert_ok, run_ranks
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+def _run(worker: str, np: int) -> str:
+    result = run_ranks(WORKERS / worker, np, timeout=180)
+    assert_ok(result)
+    for rank in range(np):
+        assert f"OK rank {rank} of {np}" in result.stdout, result.stdout
+    return result.stdout
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_distributed_optimizer(np):
+    """Equivalence with one process on the whole batch (SGD, Adam, AdamW, accumulation,
+    Sum, predivide, groups, compression, sparse, a one-rank branch), errors, Muon,
+    broadcast_optimizer_state, and fewer negotiation cycles once the order is learned."""
+    _run("optimizer_worker.py", np)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_collective_gradients(np):
+    _run("autograd_worker.py", np)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_sync_batch_norm_and_buffer_strategies(np):
+    _run("modules_worker.py", np)

@@ -1,0 +1,358 @@
+"""DistributedOptimizer, broadcast_parameters and broadcast_optimizer_state on real ranks.
+
+The reference for every training check is plain torch in this same process on the whole
+batch (every rank can build every rank's shard: the data is a pure function of the step),
+so N ranks with 1/N of the batch each must land on the reference's weights.
+Exits non-zero on the first failure.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import horovodish.torch as hvd
+
+BATCH = 24  # divisible by 1, 2, 3, 4 and 6 ranks, and by 2 micro-batches on each
+STEPS = 15
+
+
+def check(cond: bool, what: str) -> None:
+    if not cond:
+        raise AssertionError(f"rank {hvd.rank()}: {what}")
+
+
+def expect(exc_type: type, call: Callable[[], Any], *fragments: str) -> None:
+    try:
+        call()
+    except exc_type as exc:
+        for fragment in fragments:
+            check(fragment in str(exc), f"{exc_type.__name__} lacks {fragment!r}: {exc}")
+        return
+    raise AssertionError(f"rank {hvd.rank()}: expected {exc_type.__name__}")
+
+
+def close(model: nn.Module, reference: nn.Module, tol: float, what: str) -> None:
+    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+        diff = float((got.detach() - want.detach()).abs().max())
+        check(diff <= tol, f"{what}: parameter {name} differs from the reference by {diff}")
+
+
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(BATCH, 8, generator=gen), torch.randn(BATCH, 4, generator=gen)
+
+
+def shard(t: torch.Tensor, rank: int | None = None) -> torch.Tensor:
+    rank = hvd.rank() if rank is None else rank
+    per = t.shape[0] // hvd.size()
+    return t[rank * per:(rank + 1) * per]
+
+
+def train(make_opt: Callable, steps: int = STEPS, passes: int = 1, clip: bool = False,
+          model: nn.Module | None = None, loss_fn: Callable | None = None,
+          **kwargs: Any) -> tuple[nn.Module, Any]:
+    """Distributed run; non-root ranks start from different weights and get root's."""
+    model = model or make_model()
+    if hvd.rank() != 0:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+    opt = hvd.DistributedOptimizer(make_opt(model.parameters()),
+                                   named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=passes, **kwargs)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    loss_fn = loss_fn or (lambda m, x, y, r: F.mse_loss(m(x), y))
+    for step in range(steps):
+        x, y = (shard(t) for t in batch(step))
+        opt.zero_grad()
+        for xs, ys in zip(x.chunk(passes), y.chunk(passes)):
+            (loss_fn(model, xs, ys, hvd.rank()) / passes).backward()
+        if clip:
+            opt.synchronize()
+            nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+    return model, opt
+
+
+def reference(make_opt: Callable, steps: int = STEPS, scale: float = 1.0, clip: bool = False,
+              model: nn.Module | None = None, loss_fn: Callable | None = None) -> nn.Module:
+    """Plain torch on the whole batch: the mean over ranks of each rank's loss."""
+    model = model or make_model()
+    opt = make_opt(model.parameters())
+    loss_fn = loss_fn or (lambda m, x, y, r: F.mse_loss(m(x), y))
+    size = hvd.size()
+    for step in range(steps):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = sum(loss_fn(model, shard(x, r), shard(y, r), r) for r in range(size)) / size
+        (loss * scale).backward()
+        if clip:
+            nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        opt.step()
+    return model
+
+
+SGD = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
+ADAM = lambda p: torch.optim.Adam(p, lr=0.01)  # noqa: E731
+ADAMW = lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1)  # noqa: E731
+
+
+def test_equivalence() -> None:
+    for label, make_opt in [("SGD momentum", SGD), ("Adam", ADAM), ("AdamW", ADAMW)]:
+        model, opt = train(make_opt)
+        check(isinstance(opt, type(make_opt([torch.zeros(1, requires_grad=True)]))),
+              f"{label}: wrapper is not an instance of the wrapped class")
+        close(model, reference(make_opt), 1e-5, label)
+    ref = reference(SGD)
+    close(train(SGD, passes=2)[0], ref, 1e-5, "backward_passes_per_step=2")
+    close(train(SGD, gradient_predivide_factor=2.0)[0], ref, 1e-5, "predivide factor 2")
+    close(train(SGD, groups=2)[0], ref, 1e-5, "groups=2")
+    model = make_model()
+    params = list(model.parameters())
+    close(train(SGD, model=model, groups=[params[:2], params[3:]])[0], ref, 1e-5,
+          "groups as lists")
+    close(train(SGD, bucket_cap_mb=0)[0], ref, 1e-5, "without learned order")
+    close(train(SGD, bucket_cap_mb=0.0005)[0], ref, 1e-5, "many small buckets")
+    close(train(SGD, op=hvd.Sum)[0], reference(SGD, scale=hvd.size()), 1e-5, "op=Sum")
+    close(train(SGD, clip=True)[0], reference(SGD, clip=True), 1e-5, "synchronize+clip")
+    for compression, tol in [(hvd.Compression.fp16, 2e-3), (hvd.Compression.bf16, 2e-2)]:
+        close(train(SGD, compression=compression)[0], ref, tol, f"{compression.__name__}")
+
+
+class Branchy(nn.Module):
+    """A head that only rank 0 uses: other ranks must reduce zeros for it, not stall."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.trunk = nn.Linear(8, 4)
+        self.branch = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, use_branch: bool) -> torch.Tensor:
+        h = self.trunk(x)
+        return h + self.branch(h) if use_branch else h
+
+
+def test_branch_on_one_rank() -> None:
+    loss_fn = lambda m, x, y, r: F.mse_loss(m(x, r == 0), y)  # noqa: E731
+    model, _ = train(ADAM, model=Branchy(), loss_fn=loss_fn)
+    close(model, reference(ADAM, model=Branchy(), loss_fn=loss_fn), 1e-5, "branch on rank 0")
+
+
+class Embedder(nn.Module):
+    def __init__(self, sparse: bool) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.embedding = nn.Embedding(30, 4, sparse=sparse)
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = (x.abs() * 10).long().clamp(max=29)[:, :3]
+        return self.head(self.embedding(ids).mean(1))
+
+
+def test_sparse() -> None:
+    plain = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+    loss_fn = lambda m, x, y, r: F.mse_loss(m(x), y)  # noqa: E731
+    want = reference(plain, model=Embedder(sparse=False), loss_fn=loss_fn)
+    for as_dense in (True, False):
+        model, _ = train(plain, model=Embedder(sparse=True), loss_fn=loss_fn,
+                         sparse_as_dense=as_dense)
+        close(model, want, 1e-5, f"sparse gradients, sparse_as_dense={as_dense}")
+    dense, _ = train(ADAM, model=Embedder(sparse=True), loss_fn=loss_fn, sparse_as_dense=True)
+    close(dense, reference(ADAM, model=Embedder(sparse=False), loss_fn=loss_fn), 1e-5,
+          "Adam on sparse_as_dense gradients")
+
+
+def test_muon() -> None:
+    if not hasattr(torch.optim, "Muon"):
+        return
+    make = lambda p: torch.optim.Muon([q for q in p if q.dim() == 2], lr=0.02)  # noqa: E731
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(8, 16, bias=False), nn.Tanh(), nn.Linear(16, 4, bias=False))
+    opt = hvd.DistributedOptimizer(make(model.parameters()),
+                                   named_parameters=model.named_parameters())
+    check(isinstance(opt, torch.optim.Muon), "Muon wrapper is not a Muon")
+    for step in range(5):
+        x, y = (shard(t) for t in batch(step))
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(flat.unsqueeze(0), name="muon.params")
+    check(bool((gathered == flat).all()), "Muon: ranks' weights differ")
+
+
+def test_errors() -> None:
+    model = make_model()
+    make = lambda: torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: E731
+    named = list(model.named_parameters())
+    expect(ValueError, lambda: hvd.DistributedOptimizer(
+        make(), named_parameters=[("w", named[0][1]), ("w", named[1][1]), *named[2:]]),
+        "unique", "w")
+    expect(ValueError, lambda: hvd.DistributedOptimizer(make(), named_parameters=named[:2]),
+           "does not name every parameter")
+    expect(NotImplementedError, lambda: hvd.DistributedOptimizer(make(), op=hvd.Adasum),
+           "Adasum")
+    expect(ValueError, lambda: hvd.DistributedOptimizer(make(), op=hvd.Sum,
+                                                        gradient_predivide_factor=2.0),
+           "predivide")
+    opt = hvd.DistributedOptimizer(make(), named_parameters=named)
+    expect(ValueError, lambda: hvd.DistributedOptimizer(opt), "already")
+    x, y = (shard(t) for t in batch(0))
+    opt.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    expect(AssertionError, opt.zero_grad, "zero_grad", "pending")
+    expect(AssertionError, lambda: F.mse_loss(model(x), y).backward(),
+           "more than backward_passes_per_step")
+    opt.step()
+    opt.zero_grad()  # fine once the step is done
+    # state_dict round trip through the wrapper.
+    state = opt.state_dict()
+    opt.load_state_dict(state)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        F.mse_loss(model(x), y).backward()
+        opt.synchronize()
+        opt.step()
+    check(any("skip_synchronize" in str(w.message) for w in caught),
+          "step() after synchronize() did not warn")
+
+
+def test_broadcast_optimizer_state() -> None:
+    rank, size = hvd.rank(), hvd.size()
+
+    def stepped(r: int, steps: int) -> torch.optim.Optimizer:
+        """Rank r's optimizer after its own rank-dependent local steps."""
+        model = make_model()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01 * (r + 1), betas=(0.9, 0.99 - r / 100))
+        gen = torch.Generator().manual_seed(50 + r)
+        for _ in range(steps):
+            opt.zero_grad()
+            F.mse_loss(model(torch.randn(5, 8, generator=gen)), torch.zeros(5, 4)).backward()
+            opt.step()
+        return opt
+
+    for root in range(size):
+        mine, want = stepped(rank, 2 + rank), stepped(root, 2 + root).state_dict()
+        hvd.broadcast_optimizer_state(mine, root_rank=root)
+        got = mine.state_dict()
+        check(got["param_groups"][0]["lr"] == want["param_groups"][0]["lr"], "lr not root's")
+        check(tuple(got["param_groups"][0]["betas"]) == tuple(want["param_groups"][0]["betas"]),
+              "betas not root's")
+        check(set(got["state"]) == set(want["state"]), "state keys not root's")
+        for key, entries in want["state"].items():
+            for field, value in entries.items():
+                check(torch.equal(got["state"][key][field], value),
+                      f"root {root}: state {key}.{field} not root's")
+    # Root with empty state: every rank's state becomes empty; root's lr everywhere.
+    if rank == 0:
+        fresh = torch.optim.SGD(make_model().parameters(), lr=0.5, momentum=0.9)
+    else:
+        fresh = torch.optim.SGD(make_model().parameters(), lr=0.1 * rank, momentum=0.5)
+        fresh.state[fresh.param_groups[0]["params"][0]]["momentum_buffer"] = torch.ones(16, 8)
+    hvd.broadcast_optimizer_state(fresh, root_rank=0)
+    check(len(fresh.state_dict()["state"]) == 0, "state not emptied like root's")
+    check(fresh.param_groups[0]["lr"] == 0.5 and fresh.param_groups[0]["momentum"] == 0.9,
+          "hyper-parameters not root's")
+    # A rank with empty state receives root's (Adam, wrapped in DistributedOptimizer).
+    opt = stepped(0, 3) if rank == 0 else torch.optim.Adam(make_model().parameters())
+    want = stepped(0, 3).state_dict()
+    wrapped = hvd.DistributedOptimizer(opt)
+    hvd.broadcast_optimizer_state(wrapped, root_rank=0)
+    got = wrapped.state_dict()
+    for key, entries in want["state"].items():
+        for field, value in entries.items():
+            check(torch.equal(got["state"][key][field], value), f"empty rank: {field} not root's")
+
+
+class _SlowBackward(torch.autograd.Function):
+    """Identity whose backward takes a while, so gradients arrive spread out in time."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.004)
+        return grad
+
+
+class SlowNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(4)
+        self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = _SlowBackward.apply(torch.tanh(layer(x)))
+        return x
+
+
+def test_learned_order() -> None:
+    """After the first step gradients go out bucketed in hook order: fewer cycles."""
+    medians = {}
+    for cap in (25.0, 0.0):
+        model = SlowNet()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                       named_parameters=[(f"slow{cap}.{n}", p) for n, p in
+                                                         model.named_parameters()],
+                                       bucket_cap_mb=cap)
+        x = torch.randn(16, 32)
+        for _ in range(8):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+        stats = opt.negotiation_stats()
+        later = sorted(s["cycles"] for s in stats[1:])
+        medians[cap] = later[len(later) // 2]
+        sys.stdout.write(f"rank {hvd.rank()} bucket_cap_mb={cap}: first step {stats[0]}, "
+                         f"later cycles {[s['cycles'] for s in stats[1:]]}\n")
+        check(stats[0]["slow_cycles"] >= 1, "first step negotiated nothing on the slow path")
+        check(all(s["slow_cycles"] == 0 for s in stats[1:]), "later steps missed the cache")
+        if cap:
+            check(all(s["submissions"] == 1 for s in stats[1:]),
+                  f"learned order did not submit one bucket per step: {stats}")
+            check(medians[cap] < stats[0]["cycles"],
+                  f"later steps need no fewer cycles than the first: {stats}")
+    check(medians[25.0] < medians[0.0],
+          f"learned order needs no fewer cycles than per-gradient submission: {medians}")
+
+
+def main() -> None:
+    hvd.init()
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    for test in [test_equivalence, test_branch_on_one_rank, test_sparse, test_muon,
+                 test_errors, test_broadcast_optimizer_state, test_learned_order]:
+        test()
+    sys.stdout.write(f"OK rank {hvd.rank()} of {hvd.size()} "
+                     f"({time.perf_counter() - started:.1f} s)\n")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)
