@@ -20,3 +20,4 @@ from .gradient_tape import DistributedGradientTape
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
                       barrier, broadcast, broadcast_, grouped_allgather, grouped_allreduce,
                       grouped_reducescatter, join, reducescatter)
+from .optimizer import DistributedOptimizer

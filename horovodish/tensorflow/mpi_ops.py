@@ -60,7 +60,9 @@ def _differentiable(forward: Callable[[list[tf.Tensor]], list[tf.Tensor]], backw
         ys = forward(list(xs))
 
         def grad(*dys: tf.Tensor) -> list[Any]:
-            dys = [tf.zeros_like(y) if d is None else d for d, y in zip(dys, ys)]
+            # Upstream gradients may be IndexedSlices (the result fed a gather): densify.
+            dys = [tf.zeros_like(y) if d is None else tf.convert_to_tensor(d)
+                   for d, y in zip(dys, ys)]
             dxs = backward(list(dys), list(xs))
             return [dx if x.dtype.is_floating else None for dx, x in zip(dxs, xs)]
         return ys, grad

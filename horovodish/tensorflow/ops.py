@@ -95,11 +95,9 @@ def run(body: Callable[..., list[np.ndarray]], tensors: Sequence[Any],
         try:
             return body(*[np.asarray(a) for a in arrays])
         except Exception as exc:
-            # TensorFlow reports only the message: keep the type's name and the graph
-            # tensors (the core's names for traced ops are counters).
+            # Add the graph tensors: the core's names for traced ops are counters.
             try:
-                wrapped = type(exc)(f"{type(exc).__name__}: {exc} [tf.function tensors: "
-                                    f"{traced}]")
+                wrapped = type(exc)(f"{exc} [tf.function tensors: {traced}]")
             except Exception:  # noqa: BLE001 - a type with another constructor
                 raise exc from None
             raise wrapped from exc

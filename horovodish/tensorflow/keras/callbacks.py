@@ -55,6 +55,9 @@ class MetricAverageCallback(keras.callbacks.Callback):
     """Average the epoch's scalar logs over ranks (one fused allreduce), so every rank
     logs, checkpoints and stops early on the same numbers."""
 
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
+
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not logs:
             return

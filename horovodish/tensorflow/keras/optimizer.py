@@ -125,10 +125,17 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     gradients are summed locally for k steps and reduced and applied on the k-th
     (divided by k only if ``average_aggregated_gradients``); the other steps just advance
     ``iterations``. ``gradient_predivide_factor`` f (op=Average): 1/f before the sum,
-    f/size after it.
+    f/size after it. Under the mixed_float16 policy the result wraps a LossScaleOptimizer
+    (as compile() would), so every rank sees the same reduced gradients when it checks
+    for overflow.
     """
     reduction = GradientReduction(op, compression, sparse_as_dense, gradient_predivide_factor,
                                   groups, process_set, "DistributedOptimizer")
+    if (keras.config.dtype_policy().name == "mixed_float16"
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+        # compile() would wrap us in one; its overflow check is per rank, so a rank could
+        # skip the update (and our allreduce) that the others make. Reduce outside it.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name

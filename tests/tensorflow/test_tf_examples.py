@@ -1,0 +1,43 @@
+"""The TensorFlow / Keras examples run and reach their stated results."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from multirank import assert_ok, run_ranks
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+@pytest.mark.parametrize("np", [1, 2])
+def test_keras_digits_reaches_95_percent(np):
+    result = run_ranks(EXAMPLES / "keras_digits.py", np, timeout=180)
+    assert_ok(result)
+    lines = re.findall(r"^test accuracy: (\d\.\d+)$", result.stdout, re.MULTILINE)
+    assert len(lines) == 1, f"rank 0 alone must print the accuracy once:\n{result.stdout}"
+    assert float(lines[0]) >= 0.95, result.stdout
+    assert re.search(rf"^ranks: {np}, wall time: [\d.]+ s$", result.stdout, re.MULTILINE), \
+        result.stdout
+
+
+def test_synthetic_benchmark_runs():
+    result = run_ranks(EXAMPLES / "tensorflow2_synthetic_benchmark.py", 2,
+                       args=["--model", "mlp", "--num-warmup-batches", "1",
+                             "--num-batches-per-iter", "2", "--num-iters", "2",
+                             "--fp16-allreduce"], timeout=120)
+    assert_ok(result)
+    assert re.search(r"Total img/sec on 2 CPU\(s\): [\d.]+", result.stdout), result.stdout
+
+
+def test_mwms_compare_runs_and_matches_mwms_updates():
+    result = run_ranks(EXAMPLES / "keras_mwms_compare.py", 2,
+                       args=["--steps", "4", "--rounds", "1", "--warmup", "1"], timeout=180)
+    assert_ok(result)
+    match = re.search(r"ratio horovodish / MWMS: [\d.]+x; largest weight difference between "
+                      r"the two models: (\S+) \(largest change from the initial weights: "
+                      r"(\S+)\)$", result.stdout, re.MULTILINE)
+    assert match, result.stdout
+    assert float(match.group(1)) < 1e-5, result.stdout  # both did the same averaged updates
+    assert float(match.group(2)) > 1e-4, result.stdout  # and they did train
