@@ -112,13 +112,14 @@ class Executor:
             post = post / self.size
         if average and first.dtype not in FLOATING:
             np.floor_divide(buf, self.size, out=buf)
-        if post != 1.0:
-            np.multiply(buf, post, out=buf, casting="unsafe")
-        if not single:  # a single tensor was reduced in its output already
+        if single:  # reduced in its output already
+            if post != 1.0:
+                np.multiply(buf, post, out=buf, casting="unsafe")
+        else:  # scale on the way out: one pass over the data, not two
             offset = 0
             for entry, count in zip(mine, counts):
                 if entry is not None:
-                    np.copyto(entry.output.reshape(-1), buf[offset:offset + count])
+                    _scaled_copy(entry.output.reshape(-1), buf[offset:offset + count], post)
                 offset += count
         return [entry.output if entry is not None else None for entry in mine]
 

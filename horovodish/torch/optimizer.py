@@ -267,6 +267,23 @@ class _DistributedOptimizer:
         self._hvd_submissions = 0
 
 
+def _adasum_optimizer(optimizer: torch.optim.Optimizer,
+                      named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                      compression: Any, backward_passes_per_step: int,
+                      process_set: ProcessSet) -> Any:
+    from .adasum_optimizer import adasum_class
+    if backward_passes_per_step != 1:
+        raise ValueError("DistributedOptimizer(op=Adasum) combines the deltas of every step; "
+                         "backward_passes_per_step must be 1 (accumulate gradients yourself "
+                         "and call step() once per combined update).")
+    names = _parameter_names(optimizer, named_parameters)
+    cls = adasum_class(type(optimizer))
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
+    wrapped._hvd_adasum_setup(names, compression, process_set)
+    return wrapped
+
+
 def _sparse_zeros(param: torch.Tensor, sparse_dim: int) -> torch.Tensor:
     """An empty sparse gradient, so a rank without one joins the others' sparse reduction."""
     indices = torch.empty((sparse_dim, 0), dtype=torch.int64, device=param.device)
@@ -371,10 +388,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     """
     op = ReduceOp(op)
     if op == ReduceOp.ADASUM:
-        raise NotImplementedError(
-            "DistributedOptimizer(op=hvd.Adasum) is not implemented yet (Adasum needs the "
-            "delta-based update of Horovod's _DistributedAdasumOptimizer); use op=hvd.Average "
-            "or hvd.Sum, or call hvd.allreduce(..., op=hvd.Adasum) yourself.")
+        return _adasum_optimizer(optimizer, named_parameters, compression,
+                                 backward_passes_per_step, process_set)
     if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise ValueError(f"DistributedOptimizer supports op=Average or Sum, not "
                          f"{op.name.capitalize()}")

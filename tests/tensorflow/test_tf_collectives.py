@@ -2,7 +2,7 @@
 
 One launch per world size runs every check (TensorFlow's import alone takes seconds):
 each collective x dtype, eagerly and in tf.function; their gradients; mismatch errors
-that name the tensor; IndexedSlices; compression; variables; objects; join.
+that name the tensor; IndexedSlices; compression; variables; objects; join; process sets.
 """
 from __future__ import annotations
 

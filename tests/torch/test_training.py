@@ -36,3 +36,10 @@ def test_collective_gradients(np):
 @pytest.mark.parametrize("np", [2, 3])
 def test_sync_batch_norm_and_buffer_strategies(np):
     _run("modules_worker.py", np)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_adasum_delta_optimizer(np):
+    result = run_ranks(Path(__file__).parent / "workers" / "adasum_optimizer_worker.py", np)
+    assert_ok(result)
+    assert result.stdout.count("OK rank") == np, result.stdout

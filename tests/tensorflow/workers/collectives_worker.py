@@ -2,7 +2,7 @@
 
 Each rank's input is a pure function of (rank, name), so every rank computes every other
 rank's input and hence the exact reference. Also: gradients of the collectives, mismatch
-errors that name the tensor, IndexedSlices, compression, variables and objects.
+errors that name the tensor, IndexedSlices, compression, variables, objects, process sets.
 """
 from __future__ import annotations
 
@@ -299,12 +299,36 @@ def check_variables_and_objects(c: Checker, rank: int, size: int) -> None:
            f"join returns the same last rank everywhere ({last})")
 
 
+def check_process_set(c: Checker, rank: int, size: int) -> None:
+    """Collectives on a subset of ranks, eagerly and traced; the rest keep out of it."""
+    if size < 2:
+        return
+    pair = hvd.add_process_set([0, 1])
+    if pair.included():
+        x = tf.constant([rank + 1.0, 10.0])
+
+        @tf.function
+        def traced(t):
+            return hvd.allreduce(t, op=hvd.Sum, process_set=pair), hvd.allgather(
+                t, process_set=pair)
+        for mode, (summed, gathered) in (
+                ("eager", (hvd.allreduce(x, op=hvd.Sum, process_set=pair),
+                           hvd.allgather(x, process_set=pair))),
+                ("graph", traced(x))):
+            c.close(summed.numpy(), [3.0, 20.0], f"{mode} allreduce on process set [0, 1]")
+            c.close(gathered.numpy(), [1.0, 10.0, 2.0, 10.0], f"{mode} allgather on [0, 1]")
+    else:
+        c.raises(lambda: hvd.allreduce(tf.ones(1), process_set=pair), ValueError,
+                 "not a member", "collective on a set this rank is not in")
+    hvd.remove_process_set(pair)
+
+
 def main() -> None:
     quiet_tensorflow()
     c = Checker(-1)
     c.raises(hvd.rank, ValueError, "init()", "rank() before init")
     c.raises(lambda: hvd.allreduce(tf.ones(1)), ValueError, "init()", "allreduce before init")
-    hvd.init()
+    hvd.init(process_sets="dynamic")
     rank, size = hvd.rank(), hvd.size()
     c.rank = rank
     check_collectives(c, rank, size)
@@ -312,6 +336,7 @@ def main() -> None:
     check_mismatch(c, rank, size)
     check_sparse_and_compression(c, rank, size)
     check_variables_and_objects(c, rank, size)
+    check_process_set(c, rank, size)
     ok(rank, size, c, "collectives")
 
 

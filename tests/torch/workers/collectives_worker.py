@@ -315,6 +315,7 @@ def main() -> None:
         # Rank 0 leaves a tensor pending that rank 1 never submits, then shuts down.
         if rank == 0:
             handle = hvd.allreduce_async(torch.ones(1), name="never.matched")
+        hvd.barrier()  # rank 0 has submitted before anyone shuts down
         hvd.shutdown()
         if rank == 0:
             expect_error(lambda: hvd.synchronize(handle), hvd.HorovodInternalError,
