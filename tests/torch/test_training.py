@@ -43,3 +43,9 @@ def test_adasum_delta_optimizer(np):
     result = run_ranks(Path(__file__).parent / "workers" / "adasum_optimizer_worker.py", np)
     assert_ok(result)
     assert result.stdout.count("OK rank") == np, result.stdout
+
+
+def test_elastic_state_and_retry():
+    result = run_ranks(Path(__file__).parent / "workers" / "elastic_worker.py", 2)
+    assert_ok(result)
+    assert result.stdout.count("OK rank") == 2, result.stdout
