@@ -208,8 +208,9 @@ def test_errors() -> None:
         "unique", "w")
     expect(ValueError, lambda: hvd.DistributedOptimizer(make(), named_parameters=named[:2]),
            "does not name every parameter")
-    expect(NotImplementedError, lambda: hvd.DistributedOptimizer(make(), op=hvd.Adasum),
-           "Adasum")
+    expect(ValueError, lambda: hvd.DistributedOptimizer(make(), op=hvd.Adasum,
+                                                        backward_passes_per_step=2),
+           "Adasum", "backward_passes_per_step")
     expect(ValueError, lambda: hvd.DistributedOptimizer(make(), op=hvd.Sum,
                                                         gradient_predivide_factor=2.0),
            "predivide")
