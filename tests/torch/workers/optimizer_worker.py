@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import horovodish.torch as hvd
+from horovodish.torch import mpi_ops
 
 BATCH = 24  # divisible by 1, 2, 3, 4 and 6 ranks, and by 2 micro-batches on each
 STEPS = 15
@@ -338,12 +339,36 @@ def test_learned_order() -> None:
           f"learned order needs no fewer cycles than per-gradient submission: {medians}")
 
 
+def test_overlap_with_backward() -> None:
+    """Reductions run while backward is still computing: with per-gradient submission
+    (bucket_cap_mb=0) the gradients of the last layers are already reduced by the time
+    loss.backward() returns, well before step()."""
+    model = SlowNet()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=[(f"overlap.{n}", p) for n, p in
+                                                     model.named_parameters()],
+                                   bucket_cap_mb=0)
+    x = torch.randn(16, 32)
+    finished_early = []
+    for _ in range(4):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        handles = [pending[0] for pending in opt._hvd_pending]
+        finished_early.append(sum(mpi_ops.poll(h) for h in handles))
+        opt.step()
+    sys.stdout.write(f"rank {hvd.rank()} reductions done when backward returned: "
+                     f"{finished_early} of {len(list(model.parameters()))}\n")
+    check(max(finished_early[1:]) >= 2,
+          f"no reduction finished during backward: {finished_early}")
+
+
 def main() -> None:
     hvd.init()
     torch.set_num_threads(1)
     started = time.perf_counter()
     for test in [test_equivalence, test_branch_on_one_rank, test_sparse, test_muon,
-                 test_errors, test_broadcast_optimizer_state, test_learned_order]:
+                 test_errors, test_broadcast_optimizer_state, test_learned_order,
+                 test_overlap_with_backward]:
         test()
     sys.stdout.write(f"OK rank {hvd.rank()} of {hvd.size()} "
                      f"({time.perf_counter() - started:.1f} s)\n")
