@@ -27,6 +27,8 @@ from .timeline import Timeline
 log = logging.getLogger("horovodish")
 
 _MAX_IDLE_WAIT = 0.02
+_BUSY_POLL = 1e-3  # longest sleep between polls of a negotiation while work is pending
+_IDLE_POLL = 5e-3  # ... and while idle
 
 
 class Runtime:
@@ -133,6 +135,9 @@ class Runtime:
             new_entries, shutdown = self._wait_for_work(last_start, idle_wait)
             busy = bool(new_entries) or self.controller.has_pending
             idle_wait = max(self.cycle_time, 1e-3) if busy else min(idle_wait * 2, _MAX_IDLE_WAIT)
+            transport = self.controller.transport
+            if hasattr(transport, "max_sleep"):
+                transport.max_sleep = _BUSY_POLL if busy else _IDLE_POLL
             last_start = time.perf_counter()
             timeline = self.timeline
             self.controller.timeline = self.executor.timeline = timeline
