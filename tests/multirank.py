@@ -62,3 +62,26 @@ def assert_ok(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, (
         f"job failed with exit code {result.returncode}: {' '.join(map(str, result.args))}\n"
         f"--- output ---\n{result.stdout}")
+
+
+def assert_digits_example(result: subprocess.CompletedProcess, np: int,
+                          accuracy: float = 0.95) -> None:
+    """A digits example ran on np ranks, rank 0 alone printed its accuracy, and it is
+    at least ``accuracy``."""
+    import re
+    assert_ok(result)
+    lines = re.findall(r"^test accuracy: (\d\.\d+)$", result.stdout, re.MULTILINE)
+    assert len(lines) == 1, f"rank 0 alone must print the accuracy once:\n{result.stdout}"
+    assert float(lines[0]) >= accuracy, result.stdout
+    assert re.search(rf"^ranks: {np}, wall time: [\d.]+ s$", result.stdout, re.MULTILINE), \
+        result.stdout
+
+
+def assert_synthetic_benchmark(script: str | Path) -> None:
+    """A synthetic benchmark example runs briefly on 2 ranks and prints its total rate."""
+    import re
+    result = run_ranks(script, 2, args=["--model", "mlp", "--num-warmup-batches", "1",
+                                        "--num-batches-per-iter", "2", "--num-iters", "2",
+                                        "--fp16-allreduce"], timeout=120)
+    assert_ok(result)
+    assert re.search(r"Total img/sec on 2 CPU\(s\): [\d.]+", result.stdout), result.stdout

@@ -40,6 +40,15 @@ class ReduceOp(IntEnum):
     PRODUCT = 5
 
 
+# Horovod's public names for the ops; every adapter re-exports these.
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+
 @dataclass(slots=True)
 class Request:
     """One rank's readiness for one tensor. (Not frozen: frozen dataclasses construct

@@ -21,12 +21,7 @@ from . import ops
 from .compression import Compression
 from .naming import op_names
 
-Average = ReduceOp.AVERAGE
-Sum = ReduceOp.SUM
-Adasum = ReduceOp.ADASUM
-Min = ReduceOp.MIN
-Max = ReduceOp.MAX
-Product = ReduceOp.PRODUCT
+from ..common.messages import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 
 Grads = Callable[[list[tf.Tensor], list[tf.Tensor]], list[Any]]
 

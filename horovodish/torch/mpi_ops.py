@@ -18,12 +18,7 @@ from ..common.messages import ReduceOp
 from ..common.process_sets import ProcessSet, global_process_set
 from .tensor_views import as_numpy, check_tensor, device_class, empty_allocator
 
-Average = ReduceOp.AVERAGE
-Sum = ReduceOp.SUM
-Adasum = ReduceOp.ADASUM
-Min = ReduceOp.MIN
-Max = ReduceOp.MAX
-Product = ReduceOp.PRODUCT
+from ..common.messages import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 
 _handle_ids = itertools.count()
 _handles: dict[int, tuple[list[Handle], Callable[[list[Any]], Any]]] = {}

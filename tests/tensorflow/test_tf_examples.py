@@ -6,29 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from multirank import assert_ok, run_ranks
+from multirank import (assert_digits_example, assert_ok, assert_synthetic_benchmark,
+                       run_ranks)
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 @pytest.mark.parametrize("np", [1, 2])
 def test_keras_digits_reaches_95_percent(np):
-    result = run_ranks(EXAMPLES / "keras_digits.py", np, timeout=180)
-    assert_ok(result)
-    lines = re.findall(r"^test accuracy: (\d\.\d+)$", result.stdout, re.MULTILINE)
-    assert len(lines) == 1, f"rank 0 alone must print the accuracy once:\n{result.stdout}"
-    assert float(lines[0]) >= 0.95, result.stdout
-    assert re.search(rf"^ranks: {np}, wall time: [\d.]+ s$", result.stdout, re.MULTILINE), \
-        result.stdout
+    assert_digits_example(run_ranks(EXAMPLES / "keras_digits.py", np, timeout=180), np)
 
 
 def test_synthetic_benchmark_runs():
-    result = run_ranks(EXAMPLES / "tensorflow2_synthetic_benchmark.py", 2,
-                       args=["--model", "mlp", "--num-warmup-batches", "1",
-                             "--num-batches-per-iter", "2", "--num-iters", "2",
-                             "--fp16-allreduce"], timeout=120)
-    assert_ok(result)
-    assert re.search(r"Total img/sec on 2 CPU\(s\): [\d.]+", result.stdout), result.stdout
+    assert_synthetic_benchmark(EXAMPLES / "tensorflow2_synthetic_benchmark.py")
 
 
 def test_mwms_compare_runs_and_matches_mwms_updates():
