@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -314,7 +315,7 @@ def test_sigint_stops_every_rank(stubborn):
     """Ctrl-C on the launcher reaches the ranks; ranks ignoring it are killed after ~5 s."""
     code = ("import os, signal, time\n"
             + ("signal.signal(signal.SIGINT, signal.SIG_IGN)\n" if stubborn else "")
-            + "print(os.getpid(), flush=True)\ntime.sleep(60)\n")
+            + "os.write(1, f'pid={os.getpid()};\\n'.encode())\ntime.sleep(60)\n")
     proc = subprocess.Popen(LAUNCH + ["-np", "2", sys.executable, "-c", code],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
@@ -322,9 +323,8 @@ def test_sigint_stops_every_rank(stubborn):
         pids = []
         deadline = time.monotonic() + 30
         while len(pids) < 2 and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if line.strip().isdigit():
-                pids.append(int(line))
+            # mpirun merges the ranks' output: two lines can arrive glued together
+            pids += [int(pid) for pid in re.findall(r"pid=(\d+);", proc.stdout.readline())]
         assert len(pids) == 2, "ranks did not start"
         start = time.monotonic()
         proc.send_signal(signal.SIGINT)
