@@ -9,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+from mpi4py import MPI
 
 from horovodish.common import basics, collectives
 from horovodish.common.autotune import Autotuner, Params
@@ -25,9 +26,11 @@ def step(tensors: list[np.ndarray]) -> int:
     return COUNT * ELEMENTS * 4
 
 
-def throughput(tensors: list[np.ndarray], seconds: float = 1.0) -> float:
+def throughput(tensors: list[np.ndarray], steps: int = 40) -> float:
+    """Bytes per second over a fixed number of steps (every rank runs the same steps: a
+    time-based loop would leave one rank submitting a step the other never matches)."""
     moved, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    for _ in range(steps):
         moved += step(tensors)
     return moved / (time.perf_counter() - start)
 
@@ -35,6 +38,9 @@ def throughput(tensors: list[np.ndarray], seconds: float = 1.0) -> float:
 def main(log_path: str) -> None:
     basics.init()
     state = basics.state()
+    # The test's own agreement uses COMM_WORLD: the runtime's communicator belongs to its
+    # thread, and a second thread's collective on it would interleave with negotiation.
+    world = MPI.COMM_WORLD
     runtime, rank = state.runtime, state.rank
     runtime.fusion_threshold, runtime.cycle_time = 0, 0.050
     if rank == 0:
@@ -46,7 +52,8 @@ def main(log_path: str) -> None:
     while True:
         step(tensors)
         tuned = runtime.autotuner is None or runtime.autotuner.done
-        if state.comm.allreduce(int(tuned)) == state.size or time.monotonic() > deadline:
+        if world.allreduce(int(tuned)) == state.size or world.allreduce(
+                int(time.monotonic() > deadline)):
             break
     for _ in range(20):
         step(tensors)  # let the final choice reach every rank
@@ -54,7 +61,7 @@ def main(log_path: str) -> None:
     sys.stdout.write(f"rank {rank}: before {before / 1e6:.1f} MB/s, after {after / 1e6:.1f} MB/s, "
                      f"fusion {runtime.fusion_threshold}, cycle {runtime.cycle_time * 1e3:g} ms\n")
     assert runtime.autotuner is None or runtime.autotuner.done, "autotune did not finish"
-    ratio = state.comm.allreduce(after / before) / state.size
+    ratio = world.allreduce(after / before) / state.size
     if rank == 0:
         sys.stdout.write(f"speedup {ratio:.2f}x\n")
         assert ratio >= 2.0, f"autotune gained only {ratio:.2f}x"
