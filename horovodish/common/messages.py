@@ -49,6 +49,15 @@ Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
 
+def resolve_op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
+    """Horovod's deprecated ``average=`` flag and ``op=``, as one op (default Average)."""
+    if average is not None and op is not None:
+        raise ValueError("pass either average= (deprecated) or op=, not both")
+    if op is None:
+        return ReduceOp.SUM if average is False else ReduceOp.AVERAGE
+    return ReduceOp(op)
+
+
 @dataclass(slots=True)
 class Request:
     """One rank's readiness for one tensor. (Not frozen: frozen dataclasses construct

@@ -22,19 +22,12 @@ from .compression import Compression
 from .naming import op_names
 
 from ..common.messages import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
+from ..common.messages import resolve_op as _resolve_op
 
 Grads = Callable[[list[tf.Tensor], list[tf.Tensor]], list[Any]]
 
 # Public entry points are plain Python to AutoGraph: it would only slow tracing down.
 public = tf.autograph.experimental.do_not_convert
-
-
-def _resolve_op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
-    if average is not None and op is not None:
-        raise ValueError("pass either average= (deprecated) or op=, not both")
-    if op is None:
-        return Sum if average is False else Average
-    return ReduceOp(op)
 
 
 def _tensors(values: Sequence[Any], opname: str) -> list[tf.Tensor]:

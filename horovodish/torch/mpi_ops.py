@@ -19,6 +19,7 @@ from ..common.process_sets import ProcessSet, global_process_set
 from .tensor_views import as_numpy, check_tensor, device_class, empty_allocator
 
 from ..common.messages import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
+from ..common.messages import resolve_op as _resolve_op
 
 _handle_ids = itertools.count()
 _handles: dict[int, tuple[list[Handle], Callable[[list[Any]], Any]]] = {}
@@ -53,14 +54,6 @@ def synchronize(handle: int) -> Any:
         with _handles_lock:
             _handles.pop(handle, None)
     return finish(results)
-
-
-def _resolve_op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
-    if average is not None and op is not None:
-        raise ValueError("pass either average= (deprecated) or op=, not both")
-    if op is None:
-        return Sum if average is False else Average
-    return ReduceOp(op)
 
 
 def _names(name: str | Sequence[str] | None, count: int, opname: str,
