@@ -87,6 +87,8 @@ class _DistributedOptimizer:
         self._hvd_stats: deque[dict[str, int]] = deque(maxlen=_STATS_KEPT)
         self._hvd_step_start: tuple[int, int, int] | None = None
         self._hvd_submissions = 0
+        self._hvd_arrivals = 0  # gradients final for this step so far (hook order)
+        self._hvd_submitted_after: list[int] = []
         self.set_backward_passes_per_step(backward_passes_per_step)
         me = weakref.ref(self)
 
@@ -171,7 +173,11 @@ class _DistributedOptimizer:
     def negotiation_stats(self) -> list[dict[str, int]]:
         """Per synchronized step (oldest first, the last 1000): runtime ``cycles``,
         ``slow_cycles`` and ``fast_cycles`` from this step's first gradient submission to
-        the end of synchronize(), and ``submissions`` (calls into the core)."""
+        the end of synchronize(); ``submissions`` (calls into the core); ``gradients``
+        (hooks that found a final gradient); and ``submitted_after``: for each submission,
+        how many gradients had arrived when it went out. With learned buckets that follow
+        execution it rises in step with arrivals (e.g. [4, 8, 12] for three buckets of
+        four); a bucket whose members arrive far apart shows as a late entry."""
         return list(self._hvd_stats)
 
     # -- gradient flow -----------------------------------------------------------------
@@ -187,6 +193,7 @@ class _DistributedOptimizer:
         self._hvd_delay[param] -= 1
         if self._hvd_delay[param] > 0:
             return
+        self._hvd_arrivals += 1
         grad = param.grad
         if grad is not None and grad.is_sparse:
             self._hvd_sparse.setdefault(param, grad.sparse_dim())
@@ -205,6 +212,7 @@ class _DistributedOptimizer:
     def _hvd_submit(self, params: Sequence[torch.Tensor]) -> None:
         if self._hvd_step_start is None:
             self._hvd_step_start = self._hvd_counters()
+        self._hvd_submitted_after.append(self._hvd_arrivals)
         self._hvd_submitted.update(params)
         dense, tensors, ctxs, names = [], [], [], []
         for param in params:
@@ -262,9 +270,13 @@ class _DistributedOptimizer:
         end = self._hvd_counters()
         cycles, slow, fast = (b - a for a, b in zip(self._hvd_step_start, end))
         self._hvd_stats.append({"cycles": cycles, "slow_cycles": slow, "fast_cycles": fast,
-                                "submissions": self._hvd_submissions})
+                                "submissions": self._hvd_submissions,
+                                "gradients": self._hvd_arrivals,
+                                "submitted_after": self._hvd_submitted_after})
         self._hvd_step_start = None
         self._hvd_submissions = 0
+        self._hvd_arrivals = 0
+        self._hvd_submitted_after = []
 
 
 def _adasum_optimizer(optimizer: torch.optim.Optimizer,

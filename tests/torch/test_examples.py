@@ -22,10 +22,20 @@ def test_synthetic_benchmark_runs():
 
 
 def test_ddp_compare_runs_and_matches_ddp_updates():
+    """Both definition orders, small buckets (several per step): DDP and ours must end on
+    the same weights, and every ratio line is printed."""
     result = run_ranks(EXAMPLES / "pytorch_ddp_compare.py", 2,
-                       args=["--steps", "3", "--rounds", "2", "--warmup", "1"], timeout=120)
+                       args=["--steps", "3", "--rounds", "2", "--warmup", "2",
+                             "--definition-order", "both", "--bucket-cap-mb", "4"],
+                       timeout=180)
     assert_ok(result)
-    match = re.search(r"ratio horovodish / DDP: [\d.]+x \(median of per-round ratios\); largest "
-                      r"weight difference between the two models: (\S+)$", result.stdout, re.MULTILINE)
+    for order in ("use", "reversed"):
+        assert re.search(rf"ratio horovodish / DDP \({order} order\): [\d.]+x", result.stdout), \
+            result.stdout
+    for who in ("horovodish", "ddp"):
+        assert re.search(rf"{who}: reversed / use definition order: [\d.]+x", result.stdout), \
+            result.stdout
+    match = re.search(r"largest weight difference between DDP and horovodish: (\S+)",
+                      result.stdout)
     assert match, result.stdout
     assert float(match.group(1)) < 1e-5, result.stdout  # both did the same averaged updates

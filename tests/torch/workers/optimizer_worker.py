@@ -339,6 +339,66 @@ def test_learned_order() -> None:
           f"learned order needs no fewer cycles than per-gradient submission: {medians}")
 
 
+class ChainNet(nn.Module):
+    """Six equal bias-free layers used in order 0..5 but registered (defined) in ``defined``
+    order, so named_parameters() lists them in that order. Weights depend on the use index
+    only: every definition order computes the same function. One equal-sized gradient
+    per layer keeps the bucket boundaries independent of the order."""
+
+    def __init__(self, defined: list[int]) -> None:
+        super().__init__()
+        self.use_order = sorted(defined)
+        for index in defined:
+            torch.manual_seed(100 + index)
+            self.add_module(f"layer{index}", nn.Linear(32, 32, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for index in self.use_order:
+            x = torch.tanh(getattr(self, f"layer{index}")(x))
+        return x
+
+
+def test_learned_order_follows_use() -> None:
+    """Buckets follow the order gradients become ready, not the order layers were defined:
+    a model defined in use order, in the opposite order and shuffled submits each bucket
+    the moment its last gradient arrives ([2, 4, 6]: three buckets of two layers), and
+    all three train to the weights of plain torch on the same data. Bucketing by
+    definition order would submit the shuffled model's buckets late ([4, 5, 6])."""
+    layer_bytes = 32 * 32 * 4
+    cap_mb = 2.5 * layer_bytes / 2 ** 20  # two layers per bucket
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(7))  # same on all ranks
+    reference = ChainNet(list(range(6)))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for variant, defined in [("use", [0, 1, 2, 3, 4, 5]), ("reversed", [5, 4, 3, 2, 1, 0]),
+                             ("shuffled", [0, 3, 1, 4, 2, 5])]:
+        model = ChainNet(defined)
+        check([n.split(".")[0] for n, _ in model.named_parameters()] ==
+              [f"layer{i}" for i in defined], "definition order not as intended")
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=[(f"chain.{variant}.{n}", p) for n, p
+                                                         in model.named_parameters()],
+                                       bucket_cap_mb=cap_mb)
+        for _ in range(5):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+        stats = opt.negotiation_stats()
+        check(stats[0]["submitted_after"] == list(range(1, 7)),
+              f"{variant}: the first step should submit each gradient on arrival: {stats[0]}")
+        for s in stats[1:]:
+            check(s["gradients"] == 6 and s["submitted_after"] == [2, 4, 6],
+                  f"{variant} (defined {defined}): buckets do not follow use order: {s}")
+        if variant == "use":
+            for _ in range(5):
+                ref_opt.zero_grad()
+                reference(x).pow(2).mean().backward()
+                ref_opt.step()
+        for index in range(6):
+            ours, theirs = getattr(model, f"layer{index}"), getattr(reference, f"layer{index}")
+            check(torch.allclose(ours.weight, theirs.weight, atol=1e-6),
+                  f"{variant}: layer{index} differs from plain torch after 5 steps")
+
+
 def test_overlap_with_backward() -> None:
     """Reductions run while backward is still computing: with per-gradient submission
     (bucket_cap_mb=0) the gradients of the last layers are already reduced by the time
@@ -368,6 +428,7 @@ def main() -> None:
     started = time.perf_counter()
     for test in [test_equivalence, test_branch_on_one_rank, test_sparse, test_muon,
                  test_errors, test_broadcast_optimizer_state, test_learned_order,
+                 test_learned_order_follows_use,
                  test_overlap_with_backward]:
         test()
     sys.stdout.write(f"OK rank {hvd.rank()} of {hvd.size()} "
