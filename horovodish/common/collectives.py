@@ -84,11 +84,15 @@ def _reduction_args(kind: RequestType, op: ReduceOp, prescale: float, postscale:
     return op, float(prescale), float(postscale)
 
 
-def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
+def grouped_allreduce_async(tensors: Sequence[np.ndarray],
+                            outputs: Sequence[np.ndarray | None],
                             names: Sequence[str], op: ReduceOp, prescale: float = 1.0,
                             postscale: float = 1.0, device: str = "cpu",
                             process_set: ProcessSet | None = None) -> list[Handle]:
-    """Allreduce several tensors; they enter negotiation in the same cycle, so they fuse."""
+    """Allreduce several tensors; they enter negotiation in the same cycle, so they fuse.
+
+    An output of None lets the runtime own the result: the handle returns a view of a
+    runtime block (valid for as long as the caller keeps it; saves a copy)."""
     process_set = resolve(process_set)
     kick = process_set.runtime.kick
     kind = RequestType.ALLREDUCE

@@ -17,5 +17,6 @@ class Entry:
     handle: Handle
     # Known-shape outputs (allreduce, broadcast, reducescatter) are allocated at submit;
     # allgather and alltoall learn their output shape from the response and ask `allocate`.
+    # An allreduce without an output gets a view of a runtime-owned result block.
     output: np.ndarray | None = None
     allocate: Callable[[tuple[int, ...]], np.ndarray] | None = None

@@ -3,6 +3,10 @@
 Allreduce: copy in (scaled) to the fusion buffer, reduce, copy out (scaled). Average is
 Sum with postscale 1/size for floating types and a floor division for integers. A rank
 that has joined has no entry and contributes zeros.
+
+Entries without an output (callers that let the runtime own the result) are packed into
+a result block instead and get views of it: no copy out. For float32/float64 the whole
+scale (prescale, postscale, 1/size) is then applied on the way in.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from .backends.adasum import Adasum
 from .dtypes import FLOATING, numpy_dtype
 from .entry import Entry
 from .errors import HorovodInternalError
-from .fusion import FusionBuffers
+from .fusion import FusionBuffers, ResultBlocks
 from .messages import ReduceOp, RequestType, Response
 from .operations import OperationManager
 from .timeline import Timeline, now_us
@@ -32,6 +36,7 @@ class Executor:
         self.rank = rank
         self.size = size
         self.buffers = FusionBuffers()
+        self.result_blocks = ResultBlocks()
         self.timeline: Timeline | None = None  # set by the runtime while recording
         self._marks: list[tuple[str, float]] = []
 
@@ -91,13 +96,24 @@ class Executor:
         total = sum(counts)
         op = ReduceOp.SUM if first.reduce_op == ReduceOp.AVERAGE else first.reduce_op
         backend = self._backend(RequestType.ALLREDUCE, first, total * dtype.itemsize)
-        single = len(group) == 1 and mine[0] is not None
-        buf = mine[0].output.reshape(-1) if single else self.buffers.get(dtype, total)
+        average = first.reduce_op == ReduceOp.AVERAGE
+        pre, post = first.prescale, first.postscale
+        if average and first.dtype in FLOATING:
+            post = post / self.size
+        # Some caller lets the runtime own its result: reduce in a result block.
+        owned = any(entry is not None and entry.output is None for entry in mine)
+        single = not owned and len(group) == 1 and mine[0] is not None
+        if owned:
+            buf = self.result_blocks.take(dtype, total)
+            if first.dtype in _FOLD_SCALE and op != ReduceOp.ADASUM:
+                pre, post = pre * post, 1.0  # one pass over the data instead of two
+        else:
+            buf = mine[0].output.reshape(-1) if single else self.buffers.get(dtype, total)
         self._phase("MEMCPY_IN_FUSION_BUFFER")
         if single:
-            _scaled_copy(buf, mine[0].tensor.reshape(-1), first.prescale)
+            _scaled_copy(buf, mine[0].tensor.reshape(-1), pre)
         else:
-            self._pack(buf, mine, counts, dtype, first.prescale)
+            self._pack(buf, mine, counts, dtype, pre)
         if op == ReduceOp.ADASUM:
             self._phase("ADASUM_ALLREDUCE")
             self.adasum.allreduce(buf, counts)
@@ -106,13 +122,9 @@ class Executor:
             if total:
                 backend.allreduce(buf, op)
         self._phase("MEMCPY_OUT_FUSION_BUFFER")
-        post = first.postscale
-        average = first.reduce_op == ReduceOp.AVERAGE
-        if average and first.dtype in FLOATING:
-            post = post / self.size
         if average and first.dtype not in FLOATING:
             np.floor_divide(buf, self.size, out=buf)
-        if single:  # reduced in its output already
+        if single or owned:  # reduced in its output already
             if post != 1.0:
                 np.multiply(buf, post, out=buf, casting="unsafe")
         else:  # scale on the way out: one pass over the data, not two
@@ -121,16 +133,36 @@ class Executor:
                 if entry is not None:
                     _scaled_copy(entry.output.reshape(-1), buf[offset:offset + count], post)
                 offset += count
+        if owned:  # views of the block; copies only for callers that gave an output
+            results, offset = [], 0
+            for entry, response in zip(mine, group):
+                part = buf[offset:offset + response.count]
+                offset += response.count
+                if entry is not None and entry.output is not None:
+                    np.copyto(entry.output.reshape(-1), part)
+                    results.append(entry.output)
+                else:
+                    results.append(None if entry is None else part.reshape(response.shape))
+            return results
         return [entry.output if entry is not None else None for entry in mine]
 
     def _pack(self, buf: np.ndarray, mine: list[Entry | None], counts: list[int],
               dtype: np.dtype, prescale: float) -> None:
-        """All inputs into the fusion buffer in one C call (zeros for a joined rank)."""
-        parts = [entry.tensor.reshape(-1) if entry is not None else np.zeros(count, dtype)
-                 for entry, count in zip(mine, counts)]
-        np.concatenate(parts, out=buf)
-        if prescale != 1.0:
-            np.multiply(buf, prescale, out=buf, casting="unsafe")
+        """All inputs into the fusion buffer: one C call, or one scaled copy per tensor
+        (zeros for a joined rank)."""
+        if prescale == 1.0:
+            parts = [entry.tensor.reshape(-1) if entry is not None else np.zeros(count, dtype)
+                     for entry, count in zip(mine, counts)]
+            np.concatenate(parts, out=buf)
+            return
+        offset = 0
+        for entry, count in zip(mine, counts):
+            target = buf[offset:offset + count]
+            if entry is None:
+                target.fill(0)
+            else:
+                np.multiply(entry.tensor.reshape(-1), prescale, out=target, casting="unsafe")
+            offset += count
 
     # -- the rest ---------------------------------------------------------------------
     def _allgather(self, response: Response, entry: Entry) -> np.ndarray:
@@ -192,6 +224,11 @@ class Executor:
         if post != 1.0:
             _scaled_copy(flat_out, flat_out, post)
         return out
+
+
+# Dtypes whose whole scale may move before the sum: the rounding differs by an ulp at
+# most, while float16/bfloat16 keep Horovod's pre/post split (it guards the range).
+_FOLD_SCALE = frozenset({"float32", "float64"})
 
 
 def _scaled_copy(out: np.ndarray, source: np.ndarray, factor: float) -> None:

@@ -16,7 +16,7 @@ from ..common import collectives as core
 from ..common.handles import Handle
 from ..common.messages import ReduceOp
 from ..common.process_sets import ProcessSet, global_process_set
-from .tensor_views import as_numpy, check_tensor, device_class, empty_allocator
+from .tensor_views import as_numpy, check_tensor, device_class, empty_allocator, from_numpy
 
 from ..common.messages import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 from ..common.messages import resolve_op as _resolve_op
@@ -151,6 +151,23 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     return _grouped_allreduce_async([tensor], [output], name, _resolve_op(average, op),
                                     prescale_factor, postscale_factor, "allreduce_",
                                     lambda results: write_back(results)[0], process_set)
+
+
+def grouped_allreduce_into_runtime_async(tensors: Sequence[torch.Tensor],
+                                         name: str | Sequence[str] | None = None,
+                                         op: ReduceOp = Average, prescale_factor: float = 1.0,
+                                         postscale_factor: float = 1.0,
+                                         process_set: ProcessSet = global_process_set) -> int:
+    """Like grouped_allreduce_async, but the results are views of a runtime-owned block
+    (beyond Horovod): the inputs are untouched and nothing is copied out of the fusion
+    buffer. DistributedOptimizer uses it and installs the results as the gradients."""
+    for tensor in tensors:
+        check_tensor(tensor, "grouped_allreduce")
+    handles = core.grouped_allreduce_async(
+        [as_numpy(_contiguous(t)) for t in tensors], [None] * len(tensors),
+        _names(name, len(tensors), "allreduce", process_set), ReduceOp(op), prescale_factor,
+        postscale_factor, device_class(tensors[0]) if tensors else "cpu", process_set)
+    return _register(handles, lambda results: [from_numpy(r) for r in results])
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,

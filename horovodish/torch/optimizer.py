@@ -7,9 +7,14 @@ Contract (Horovod's):
   parameter order could differ. Start from identical weights: call
   ``broadcast_parameters(model.state_dict(), root_rank=0)`` and
   ``broadcast_optimizer_state(optimizer, root_rank=0)`` once.
-* A hook on each parameter submits an in-place allreduce of its gradient as soon as
-  autograd has accumulated it, so communication overlaps the rest of backward.
-  ``step()`` waits for all of them (``synchronize()``), then runs the wrapped update.
+* A hook on each parameter submits an allreduce of its gradient as soon as autograd has
+  accumulated it, so communication overlaps the rest of backward. ``step()`` waits for
+  all of them (``synchronize()``), then runs the wrapped update.
+* After ``synchronize()`` each ``param.grad`` is the reduced gradient, installed as a
+  view of the runtime's result block (nothing is copied back into the old gradient
+  tensor, as DDP's ``gradient_as_bucket_view``). A reference to ``param.grad`` taken
+  before ``synchronize()`` keeps the local, unreduced gradient: read ``param.grad``
+  again afterwards.
 * A parameter that got no gradient on this rank is reduced with zeros at
   ``synchronize()``, so a branch taken on some ranks only never stalls the others.
 * ``backward_passes_per_step=k``: gradients accumulate locally for k backward passes and
@@ -123,11 +128,15 @@ class _DistributedOptimizer:
                 continue
             for param, output, ctx in zip(params, outputs, ctxs):
                 reduced = self._hvd_compression.decompress(output, ctx)
-                if reduced is not param.grad:
-                    if param.grad.is_sparse:  # reduced as dense: keep it dense
-                        param.grad = reduced
-                    else:
-                        param.grad.copy_(reduced)
+                grad = param.grad
+                # The result lives in a runtime block (or a fresh decompressed tensor):
+                # install it as the gradient rather than copying it over the old one.
+                # Sparse gradients reduced as dense stay dense; a parameter with another
+                # memory layout keeps its gradient's layout.
+                if grad.is_sparse or (param.is_contiguous() and reduced.dtype == grad.dtype):
+                    param.grad = reduced
+                else:
+                    grad.copy_(reduced)
         self._hvd_pending.clear()
         self._hvd_submitted.clear()
         for param in self._hvd_params:
@@ -236,7 +245,7 @@ class _DistributedOptimizer:
             names.append(name)
         if tensors:
             prescale, postscale = self._hvd_scale
-            handle = mpi_ops.grouped_allreduce_async_(
+            handle = mpi_ops.grouped_allreduce_into_runtime_async(
                 tensors, name=names, op=self._hvd_op, prescale_factor=prescale,
                 postscale_factor=postscale, process_set=self._hvd_process_set)
             self._hvd_pending.append((handle, dense, ctxs, False))

@@ -29,6 +29,13 @@ def as_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def from_numpy(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor sharing memory with a numpy array (the inverse of as_numpy)."""
+    if array.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
 def device_class(tensor: torch.Tensor) -> str:
     return tensor.device.type
 

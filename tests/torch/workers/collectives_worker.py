@@ -177,6 +177,49 @@ def test_reducescatter(rank: int, size: int) -> None:
     same(outs[1], np.full((3,), size), "grouped reducescatter 1")
 
 
+def test_runtime_owned_results(rank: int, size: int) -> None:
+    """Results in runtime-owned blocks (what DistributedOptimizer uses): every dtype, shape
+    and op against numpy; fused with a caller-owned output in the same cycle; a result
+    still referenced is never overwritten, and a dropped one's block is reused."""
+    from horovodish.torch import mpi_ops
+    for dtype in DTYPES:
+        for op in [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]:
+            if dtype == torch.bool and op == hvd.Average:
+                continue
+            pre, post = (0.5, 4.0) if dtype.is_floating_point and op in (hvd.Sum, hvd.Average) \
+                else (1.0, 1.0)
+            names = [f"own.{dtype}.{op}.{shape}" for shape in SHAPES]
+            inputs = [[data(r, n, shape, dtype) for n, shape in zip(names, SHAPES)]
+                      for r in range(size)]
+            mixed_name = f"own.{dtype}.{op}.caller"
+            mixed_in = [data(r, mixed_name, (6,), dtype) for r in range(size)]
+            owned = mpi_ops.grouped_allreduce_into_runtime_async(
+                inputs[rank], name=names, op=op, prescale_factor=pre, postscale_factor=post)
+            caller = hvd.allreduce_async(mixed_in[rank], name=mixed_name, op=op,
+                                         prescale_factor=pre, postscale_factor=post)
+            got = mpi_ops.synchronize(owned)
+            for i, (name, shape) in enumerate(zip(names, SHAPES)):
+                want = allreduce_reference([inputs[r][i] for r in range(size)], op, pre, post,
+                                           dtype, size)
+                same(got[i], want, name)
+                check(got[i].dtype == dtype, f"{name}: dtype {got[i].dtype}")
+            same(hvd.synchronize(caller), allreduce_reference(mixed_in, op, pre, post, dtype,
+                                                              size), mixed_name)
+    first = mpi_ops.synchronize(mpi_ops.grouped_allreduce_into_runtime_async(
+        [torch.full((1000,), float(rank))], name=["own.keep"], op=hvd.Sum))[0]
+    second = mpi_ops.synchronize(mpi_ops.grouped_allreduce_into_runtime_async(
+        [torch.full((1000,), 1.0)], name=["own.keep"], op=hvd.Sum))[0]
+    total = float(sum(range(size)))
+    check(bool((first == total).all()) and bool((second == size).all()),
+          f"a live result was overwritten: {first[:3]} {second[:3]}")
+    pointer = second.data_ptr()
+    del second
+    third = mpi_ops.synchronize(mpi_ops.grouped_allreduce_into_runtime_async(
+        [torch.full((1000,), 2.0)], name=["own.keep"], op=hvd.Sum))[0]
+    check(third.data_ptr() == pointer and bool((third == 2.0 * size).all()),
+          "a dropped result's block was not reused")
+
+
 def test_out_of_order_and_burst(rank: int, size: int) -> None:
     names = [f"ooo.{i}" for i in range(40)]
     order = names if rank % 2 == 0 else list(reversed(names))
@@ -306,7 +349,8 @@ def main() -> None:
     rank, size = hvd.rank(), hvd.size()
     check(0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1, "topology")
     for test in [test_allreduce, test_allgather, test_broadcast, test_alltoall,
-                 test_reducescatter, test_out_of_order_and_burst, test_join_and_barrier,
+                 test_reducescatter, test_runtime_owned_results, test_out_of_order_and_burst,
+                 test_join_and_barrier,
                  test_errors, test_sparse]:
         test(rank, size)
     if os.environ.get("HOROVODISH_DYNAMIC_PROCESS_SETS") and size > 1:
