@@ -62,8 +62,9 @@ def _request(kind: RequestType, name: str, tensor: np.ndarray, device: str, **fi
 
 def reduction_request(kind: RequestType, name: str, tensor: np.ndarray, op: ReduceOp,
                       prescale: float, postscale: float, device: str) -> Request:
-    request = _request(kind, name, tensor, device, reduce_op=op, prescale=prescale,
-                       postscale=postscale)
+    # Positional: one request is built per submitted tensor, and keywords cost here.
+    request = Request(name, kind, dtype_name(tensor.dtype), tensor.shape, op, -1, prescale,
+                      postscale, device)
     if request.dtype == "bool" or op == ReduceOp.ADASUM:
         check_reduction(request.dtype, op, prescale, postscale, kind.opname, name)
     return request
@@ -72,7 +73,8 @@ def reduction_request(kind: RequestType, name: str, tensor: np.ndarray, op: Redu
 def _reduction_args(kind: RequestType, op: ReduceOp, prescale: float, postscale: float,
                     first_name: str, process_set: ProcessSet) -> tuple[ReduceOp, float, float]:
     """Normalise and check the arguments shared by a whole group, once per call."""
-    op = ReduceOp(op)
+    if type(op) is not ReduceOp:  # the enum call costs more than the rest of a submit
+        op = ReduceOp(op)
     if op == ReduceOp.ADASUM:
         size = process_set.size()
         if kind != RequestType.ALLREDUCE:

@@ -144,6 +144,10 @@ class Controller:
         hits: list[tuple[str, int]] = []
         uncached: list[_Pending] = []
         caching = self._words > 0
+        lookup = self.cache.lookup
+        hit = CacheState.HIT
+        stale_before = now - self._stall_age  # submitted earlier: show it to the coordinator
+        others_joined = self._others_joined
         for name, pending in self._pending.items():
             if pending.sent:
                 continue
@@ -151,10 +155,13 @@ class Controller:
             if request.type == RequestType.JOIN or not caching:
                 uncached.append(pending)
                 continue
-            state, bit = self.cache.lookup(request)
-            if state == CacheState.HIT and self._must_bypass_cache(request, pending, now):
+            state, bit = lookup(request)
+            # Bypass the cache for a stale request (so the stall inspector can name it)
+            # and, once some rank joined, for non-allreduce (so the join error is raised).
+            if state == hit and (pending.submitted_at <= stale_before or (
+                    others_joined and request.type != RequestType.ALLREDUCE)):
                 state = CacheState.INVALID
-            if state == CacheState.HIT:
+            if state == hit:
                 ready |= 1 << bit
                 hits.append((name, bit))
             else:
@@ -196,11 +203,6 @@ class Controller:
         leaving_raw = raw[8 + 2 * width:]
         leaving = ~int.from_bytes(leaving_raw, "little") & _mask(len(leaving_raw))
         return flags, ready, invalid, leaving
-
-    def _must_bypass_cache(self, request: Request, pending: _Pending, now: float) -> bool:
-        if self._others_joined and request.type != RequestType.ALLREDUCE:
-            return True  # the coordinator must see it to report the join conflict
-        return now - pending.submitted_at >= self._stall_age
 
     def _negotiate_slow(self, uncached: list[_Pending]) -> tuple[list[Response], Any]:
         for pending in uncached:

@@ -129,9 +129,14 @@ class Executor:
                 np.multiply(buf, post, out=buf, casting="unsafe")
         else:  # scale on the way out: one pass over the data, not two
             offset = 0
+            copy = np.copyto
             for entry, count in zip(mine, counts):
                 if entry is not None:
-                    _scaled_copy(entry.output.reshape(-1), buf[offset:offset + count], post)
+                    part = buf[offset:offset + count]
+                    if post == 1.0:
+                        copy(entry.output.reshape(-1), part)
+                    else:
+                        np.multiply(part, post, out=entry.output.reshape(-1), casting="unsafe")
                 offset += count
         if owned:  # views of the block; copies only for callers that gave an output
             results, offset = [], 0

@@ -62,15 +62,20 @@ class Runtime:
                 raise HorovodInternalError(
                     f"horovodish has been shut down{self._stop_reason}; cannot run "
                     f"{entries[0].request.type.opname} of '{entries[0].request.name}'.")
-            names = [e.request.name for e in entries]
-            if len(set(names)) != len(names) or not self._in_flight.keys().isdisjoint(names):
-                name = next(n for i, n in enumerate(names)
-                            if n in self._in_flight or n in names[:i])
+            in_flight = self._in_flight
+            if len(entries) == 1:  # the common case, without building sets
+                clash = entries[0].request.name in in_flight
+            else:
+                names = [e.request.name for e in entries]
+                clash = len(set(names)) != len(names) or not in_flight.keys().isdisjoint(names)
+            if clash:
+                names = [e.request.name for e in entries]
+                name = next(n for i, n in enumerate(names) if n in in_flight or n in names[:i])
                 raise ValueError(
                     f"a collective on tensor name '{name}' is already in flight; names must "
                     "be unique among outstanding operations (pass a different name=).")
             for entry in entries:
-                self._in_flight[entry.request.name] = entry
+                in_flight[entry.request.name] = entry
             self._queue.extend(entries)
             if self._idle_waiting:
                 self._cv.notify()
