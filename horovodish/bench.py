@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
 from typing import Callable
@@ -45,6 +46,18 @@ def _time(fn: Callable[[], None], comm: MPI.Comm, budget: float = 0.6,
     return comm.allreduce(elapsed, MPI.MAX)
 
 
+def _alternating(fns: dict[str, Callable[[], None]], comm: MPI.Comm, rounds: int = 3,
+                 budget: float = 0.2) -> dict[str, float]:
+    """Seconds per call of each contender: the median over rounds in which every
+    contender is timed back to back, so that a slow spell of this shared machine (MPICH's
+    own 4 MiB allreduce swings 0.4 to 2.5 ms here) hits both sides of a ratio."""
+    times: dict[str, list[float]] = {key: [] for key in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            times[key].append(_time(fn, comm, budget))
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
 def _busbw(nbytes: int, seconds: float, size: int) -> float:
     algbw = nbytes / seconds
     return algbw * (2 * (size - 1) / size if size > 1 else 1.0)
@@ -56,8 +69,10 @@ def sweep(comm: MPI.Comm, sizes: list[int]) -> list[dict]:
     for nbytes in sizes:
         buf = np.zeros(nbytes // 4, dtype=np.float32)  # zeros: repeated sums never overflow
         name = f"bench.{nbytes}"
-        ours = _time(lambda: collectives.allreduce_async(buf, buf, name, ReduceOp.SUM).wait(), comm)
-        raw = _time(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), comm)
+        timed = _alternating({
+            "ours": lambda: collectives.allreduce_async(buf, buf, name, ReduceOp.SUM).wait(),
+            "raw": lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)}, comm)
+        ours, raw = timed["ours"], timed["raw"]
         rows.append({
             "bytes": nbytes, "runtime_s": ours, "mpi_s": raw,
             "runtime_algbw": nbytes / ours, "mpi_algbw": nbytes / raw,
@@ -78,22 +93,31 @@ def many_small(comm: MPI.Comm, count: int = 256, nbytes: int = 16 << 10) -> dict
             handle.wait()
 
     concat = np.zeros(count * nbytes // 4, dtype=np.float32)
-    ours_s = _time(ours, comm)
-    with tempfile.TemporaryDirectory() as folder:
-        basics.start_timeline(os.path.join(folder, "timeline.json"))
-        timeline_s = _time(ours, comm)
-        basics.stop_timeline()
-    one_s = _time(lambda: comm.Allreduce(MPI.IN_PLACE, concat, op=MPI.SUM), comm)
 
     def separate() -> None:
         for t in tensors:
             comm.Allreduce(MPI.IN_PLACE, t, op=MPI.SUM)
-    separate_s = _time(separate, comm)
+
+    with tempfile.TemporaryDirectory() as folder:
+        rounds = 5
+        times: dict[str, list[float]] = {"ours": [], "one": [], "separate": [], "timeline": []}
+        for round_ in range(rounds):  # every contender in every round: see _alternating
+            times["ours"].append(_time(ours, comm, 0.2))
+            times["one"].append(_time(lambda: comm.Allreduce(MPI.IN_PLACE, concat, op=MPI.SUM),
+                                      comm, 0.2))
+            times["separate"].append(_time(separate, comm, 0.2))
+            basics.start_timeline(os.path.join(folder, f"timeline{round_}.json"))
+            times["timeline"].append(_time(ours, comm, 0.2))
+            basics.stop_timeline()
+    ours_s, one_s, separate_s, timeline_s = (statistics.median(times[k]) for k in
+                                             ("ours", "one", "separate", "timeline"))
     return {"count": count, "bytes_each": nbytes, "runtime_s": ours_s,
             "runtime_with_timeline_s": timeline_s,
             "timeline_throughput_loss_percent": 100.0 * (1 - ours_s / timeline_s),
             "mpi_one_call_s": one_s, "mpi_separate_s": separate_s,
-            "runtime_over_one_call": ours_s / one_s, "runtime_over_separate": ours_s / separate_s}
+            "runtime_over_one_call": ours_s / one_s, "runtime_over_separate": ours_s / separate_s,
+            "runtime_over_one_call_per_round": [a / b for a, b in zip(times["ours"],
+                                                                       times["one"])]}
 
 
 def _compute_loop(seconds: float = 0.3) -> float:
@@ -166,7 +190,9 @@ def _print_report(size: int, rows: list[dict], small: dict, idle: dict) -> None:
           f"{small['runtime_s'] * 1e3:.2f} ms; one MPI_Allreduce of the concatenation "
           f"{small['mpi_one_call_s'] * 1e3:.2f} ms ({small['runtime_over_one_call']:.2f}x); "
           f"{small['count']} separate MPI calls {small['mpi_separate_s'] * 1e3:.2f} ms "
-          f"({small['runtime_over_separate']:.2f}x)")
+          f"({small['runtime_over_separate']:.2f}x); ours / one call per round: "
+          f"{min(small['runtime_over_one_call_per_round']):.2f}x to "
+          f"{max(small['runtime_over_one_call_per_round']):.2f}x")
     print(f"timeline on: the same burst takes {small['runtime_with_timeline_s'] * 1e3:.2f} ms "
           f"({small['timeline_throughput_loss_percent']:.1f}% less throughput)")
     print(f"idle cost: the idle runtime thread uses {idle['runtime_thread_cpu_percent']:.2f}% "
