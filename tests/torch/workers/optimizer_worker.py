@@ -378,10 +378,22 @@ def test_learned_order_follows_use() -> None:
                                        named_parameters=[(f"chain.{variant}.{n}", p) for n, p
                                                          in model.named_parameters()],
                                        bucket_cap_mb=cap_mb)
+        kept = []
         for _ in range(5):
-            opt.zero_grad()
+            # The shuffled model keeps its gradient tensors (zeroed in place), so autograd
+            # accumulates into the previous step's result views.
+            opt.zero_grad(set_to_none=variant != "shuffled")
             model(x).pow(2).mean().backward()
+            local = {n: p.grad.clone() for n, p in model.named_parameters()}
+            held = {n: p.grad for n, p in model.named_parameters()}
             opt.step()
+            kept.append((local, held))
+        # Averaging identical gradients changes nothing; a gradient tensor taken before
+        # step() still holds the local gradient of its step (results never overwrite a
+        # live tensor, whether it is an autograd gradient or an earlier result view).
+        for local, held in kept:
+            check(all(torch.equal(local[n], held[n]) for n in local),
+                  f"{variant}: a gradient held across steps was overwritten")
         stats = opt.negotiation_stats()
         check(stats[0]["submitted_after"] == list(range(1, 7)),
               f"{variant}: the first step should submit each gradient on arrival: {stats[0]}")
@@ -401,25 +413,30 @@ def test_learned_order_follows_use() -> None:
 
 def test_overlap_with_backward() -> None:
     """Reductions run while backward is still computing: with per-gradient submission
-    (bucket_cap_mb=0) the gradients of the last layers are already reduced by the time
-    loss.backward() returns, well before step()."""
-    model = SlowNet()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                   named_parameters=[(f"overlap.{n}", p) for n, p in
-                                                     model.named_parameters()],
-                                   bucket_cap_mb=0)
-    x = torch.randn(16, 32)
-    finished_early = []
-    for _ in range(4):
-        opt.zero_grad()
-        model(x).pow(2).mean().backward()
-        handles = [pending[0] for pending in opt._hvd_pending]
-        finished_early.append(sum(mpi_ops.poll(h) for h in handles))
-        opt.step()
-    sys.stdout.write(f"rank {hvd.rank()} reductions done when backward returned: "
-                     f"{finished_early} of {len(list(model.parameters()))}\n")
-    check(max(finished_early[1:]) >= 2,
-          f"no reduction finished during backward: {finished_early}")
+    (bucket_cap_mb=0), and with learned buckets of two layers each, gradients of the
+    last layers are already reduced by the time loss.backward() returns, before step()."""
+    layer_mb = (32 * 32 + 32) * 4 / 2 ** 20
+    for cap in (0.0, 2.5 * layer_mb):
+        model = SlowNet()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                       named_parameters=[(f"overlap{cap}.{n}", p) for n, p in
+                                                         model.named_parameters()],
+                                       bucket_cap_mb=cap)
+        x = torch.randn(16, 32)
+        finished_early, submitted = [], []
+        for _ in range(4):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            handles = [pending[0] for pending in opt._hvd_pending]
+            finished_early.append(sum(mpi_ops.poll(h) for h in handles))
+            submitted.append(len(handles))
+            opt.step()
+        sys.stdout.write(f"rank {hvd.rank()} bucket_cap_mb={cap:.4f}: submissions done when "
+                         f"backward returned: {finished_early} of {submitted}\n")
+        check(max(finished_early[1:]) >= (2 if cap == 0 else 1),
+              f"bucket_cap_mb={cap}: no reduction finished during backward: {finished_early}")
+        if cap:
+            check(all(n >= 3 for n in submitted[1:]), f"expected several buckets: {submitted}")
 
 
 def main() -> None:
