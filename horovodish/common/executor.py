@@ -114,6 +114,9 @@ class Executor:
             _scaled_copy(buf, mine[0].tensor.reshape(-1), pre)
         else:
             self._pack(buf, mine, counts, dtype, pre)
+        for entry in mine:  # inputs are consumed: let the caller's thread free them
+            if entry is not None:
+                entry.tensor = None
         if op == ReduceOp.ADASUM:
             self._phase("ADASUM_ALLREDUCE")
             self.adasum.allreduce(buf, counts)

@@ -57,30 +57,41 @@ class ResultBlocks:
     is alive any more (numpy views keep their base alive, so its reference count says).
 
     In training the views become gradients that zero_grad() drops before the next
-    backward, so each bucket keeps reusing one block: no allocation per step.
+    backward, so each bucket keeps reusing one block: no allocation per step. A free
+    block that no take has chosen for ``max_idle`` takes (the first step's per-gradient
+    blocks, once learned buckets replace them) is released.
     """
 
-    def __init__(self, keep: int = 64) -> None:
-        self._keep = keep
+    def __init__(self, max_idle: int = 64) -> None:
+        self._max_idle = max_idle
         self._blocks: list[np.ndarray] = []
+        self._last_taken: list[int] = []
+        self._takes = 0
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def _free(self, i: int) -> bool:
+        # References: the list and getrefcount's argument. Anything more is a view.
+        return sys.getrefcount(self._blocks[i]) == 2
 
     def take(self, dtype: np.dtype, count: int) -> np.ndarray:
         """A flat block of at least count elements of dtype that nobody else references."""
+        self._takes += 1
         best = -1
-        for i in range(len(self._blocks)):
-            # References: the list and getrefcount's argument. Anything more is a view.
-            if sys.getrefcount(self._blocks[i]) == 2 and self._blocks[i].dtype == dtype \
-                    and self._blocks[i].size >= count \
-                    and (best < 0 or self._blocks[i].size < self._blocks[best].size):
+        blocks = self._blocks
+        for i in range(len(blocks)):  # no loop variable: it would hold a reference
+            if blocks[i].dtype == dtype and blocks[i].size >= count and \
+                    (best < 0 or blocks[i].size < blocks[best].size) and self._free(i):
                 best = i
-        if best >= 0:
-            return self._blocks[best][:count]
-        block = np.empty(count, dtype=dtype)
-        if len(self._blocks) >= self._keep:  # forget a free block, else keep it unpooled
-            free = [i for i in range(len(self._blocks))
-                    if sys.getrefcount(self._blocks[i]) == 2]
-            if not free:
-                return block
-            del self._blocks[free[0]]
-        self._blocks.append(block)
-        return block
+        if best < 0:
+            self._blocks.append(np.empty(count, dtype=dtype))
+            self._last_taken.append(0)
+            best = len(self._blocks) - 1
+        self._last_taken[best] = self._takes
+        chosen = self._blocks[best]
+        stale = [i for i in range(len(self._blocks))
+                 if self._takes - self._last_taken[i] > self._max_idle and self._free(i)]
+        for i in reversed(stale):
+            del self._blocks[i], self._last_taken[i]
+        return chosen[:count]

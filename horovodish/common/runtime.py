@@ -160,6 +160,11 @@ class Runtime:
                                if r.name in self._in_flight}
                 for group in plan_fusion(result.responses, self.fusion_threshold):
                     self.executor.execute(group, entries, ready_at)
+                del entries
+            # Drop this cycle's entries now, not when the next cycle rebinds them: they
+            # hold the callers' input tensors (a training step's old gradients), whose
+            # memory the next backward pass should be able to reuse while we sleep.
+            del new_entries
             if timeline is not None:
                 timeline.flush()
             if result.params is not None:

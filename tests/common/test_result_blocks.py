@@ -1,0 +1,54 @@
+"""Result blocks (fusion.ResultBlocks): handed-out views are never overwritten, dropped
+ones are reused, idle blocks are released. Pure logic, one process."""
+from __future__ import annotations
+
+import numpy as np
+
+from horovodish.common.fusion import ResultBlocks
+
+F32 = np.dtype(np.float32)
+
+
+def test_live_views_are_never_reused_and_dropped_blocks_are():
+    blocks = ResultBlocks()
+    first = blocks.take(F32, 100)[10:20].reshape(2, 5)  # a view: the block is in use
+    second = blocks.take(F32, 100)
+    assert not np.shares_memory(first, second)
+    assert len(blocks) == 2
+    pointer = second.__array_interface__["data"][0]
+    del second
+    again = blocks.take(F32, 50)  # the smallest free block that fits: second's
+    assert again.__array_interface__["data"][0] == pointer and len(blocks) == 2
+    first[:] = 7
+    blocks.take(F32, 100)  # first's block is still referenced: a third block
+    assert len(blocks) == 3 and (first == 7).all()
+
+
+def test_dtype_and_size_must_fit():
+    blocks = ResultBlocks()
+    small = blocks.take(F32, 10)
+    del small
+    wide = blocks.take(np.dtype(np.float64), 10)
+    big = blocks.take(F32, 1000)
+    assert wide.dtype == np.float64 and big.size == 1000 and len(blocks) == 3
+
+
+def test_idle_blocks_are_released():
+    blocks = ResultBlocks(max_idle=4)
+    blocks.take(F32, 1000)  # a first-step block that is never chosen again
+    for _ in range(10):
+        view = blocks.take(F32, 10)
+        del view
+    assert len(blocks) == 1  # 10 elements fit in the 1000 block; it is kept busy
+
+
+def test_idle_block_released_while_another_is_used():
+    blocks = ResultBlocks(max_idle=4)
+    held = blocks.take(F32, 10)  # stays referenced: later takes need another block
+    for _ in range(10):
+        blocks.take(F32, 10)
+    assert len(blocks) == 2
+    del held
+    for _ in range(10):
+        blocks.take(F32, 10)  # the smallest free one keeps being chosen...
+    assert len(blocks) == 1  # ...and the other, idle for more than 4 takes, is released
