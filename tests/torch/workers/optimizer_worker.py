@@ -309,15 +309,20 @@ class SlowNet(nn.Module):
         return x
 
 
+def slow_model_and_optimizer(prefix: str, cap: float) -> tuple[SlowNet, Any]:
+    model = SlowNet()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=[(f"{prefix}{cap}.{n}", p) for n, p in
+                                                     model.named_parameters()],
+                                   bucket_cap_mb=cap)
+    return model, opt
+
+
 def test_learned_order() -> None:
     """After the first step gradients go out bucketed in hook order: fewer cycles."""
     medians = {}
     for cap in (25.0, 0.0):
-        model = SlowNet()
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                       named_parameters=[(f"slow{cap}.{n}", p) for n, p in
-                                                         model.named_parameters()],
-                                       bucket_cap_mb=cap)
+        model, opt = slow_model_and_optimizer("slow", cap)
         x = torch.randn(16, 32)
         for _ in range(8):
             opt.zero_grad()
@@ -417,11 +422,7 @@ def test_overlap_with_backward() -> None:
     last layers are already reduced by the time loss.backward() returns, before step()."""
     layer_mb = (32 * 32 + 32) * 4 / 2 ** 20
     for cap in (0.0, 2.5 * layer_mb):
-        model = SlowNet()
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                       named_parameters=[(f"overlap{cap}.{n}", p) for n, p in
-                                                         model.named_parameters()],
-                                       bucket_cap_mb=cap)
+        model, opt = slow_model_and_optimizer("overlap", cap)
         x = torch.randn(16, 32)
         finished_early, submitted = [], []
         for _ in range(4):
