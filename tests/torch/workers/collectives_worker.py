@@ -241,10 +241,17 @@ def test_out_of_order_and_burst(rank: int, size: int) -> None:
 def test_join_and_barrier(rank: int, size: int) -> None:
     hvd.barrier()
     steps = 3 + rank  # uneven: rank r does 3 + r steps
+    from horovodish.torch import mpi_ops
     for step in range(steps):
         got = hvd.allreduce(torch.ones(4) * (rank + 1), name="join.step", op=hvd.Average)
         active = [r for r in range(size) if step < 3 + r]
         same(got, np.full(4, sum(r + 1 for r in active) / size), f"join step {step}")
+        # Runtime-owned results (DistributedOptimizer's path) with joined ranks too.
+        owned = mpi_ops.synchronize(mpi_ops.grouped_allreduce_into_runtime_async(
+            [torch.ones(3) * (rank + 1), torch.ones(2, 2)], name=["join.a", "join.b"],
+            op=hvd.Average))
+        same(owned[0], np.full(3, sum(r + 1 for r in active) / size), f"join owned {step}")
+        same(owned[1], np.full((2, 2), len(active) / size), f"join owned b {step}")
     last = hvd.join()
     check(last == size - 1, f"join returned {last}, expected {size - 1}")
     hvd.barrier()
