@@ -5,8 +5,8 @@ Sum with postscale 1/size for floating types and a floor division for integers. 
 that has joined has no entry and contributes zeros.
 
 Entries without an output (callers that let the runtime own the result) are packed into
-a result block instead and get views of it: no copy out. For float32/float64 the whole
-scale (prescale, postscale, 1/size) is then applied on the way in.
+a result block instead and get views of it: no copy out. For float32/float64, Average's
+1/size is applied on the way in (so an Average result needs no pass after the sum).
 """
 from __future__ import annotations
 
@@ -98,15 +98,15 @@ class Executor:
         backend = self._backend(RequestType.ALLREDUCE, first, total * dtype.itemsize)
         average = first.reduce_op == ReduceOp.AVERAGE
         pre, post = first.prescale, first.postscale
-        if average and first.dtype in FLOATING:
+        if average and first.dtype in _DIVIDE_FIRST:
+            pre = pre / self.size  # on the way in: saves the in-place pass over results
+        elif average and first.dtype in FLOATING:
             post = post / self.size
         # Some caller lets the runtime own its result: reduce in a result block.
         owned = any(entry is not None and entry.output is None for entry in mine)
         single = not owned and len(group) == 1 and mine[0] is not None
         if owned:
             buf = self.result_blocks.take(dtype, total)
-            if first.dtype in _FOLD_SCALE and op != ReduceOp.ADASUM:
-                pre, post = pre * post, 1.0  # one pass over the data instead of two
         else:
             buf = mine[0].output.reshape(-1) if single else self.buffers.get(dtype, total)
         self._phase("MEMCPY_IN_FUSION_BUFFER")
@@ -234,9 +234,12 @@ class Executor:
         return out
 
 
-# Dtypes whose whole scale may move before the sum: the rounding differs by an ulp at
-# most, while float16/bfloat16 keep Horovod's pre/post split (it guards the range).
-_FOLD_SCALE = frozenset({"float32", "float64"})
+# Dtypes whose Average divides each contribution by size before the sum instead of the
+# sum after it: a factor below one cannot overflow, and the rounding differs by an ulp
+# at most; float16/bfloat16 divide after the sum (their range is small). The choice
+# depends on the response alone, so every rank contributes alike. The caller's own
+# prescale and postscale stay where Horovod puts them (Product, Min and Max need that).
+_DIVIDE_FIRST = frozenset({"float32", "float64"})
 
 
 def _scaled_copy(out: np.ndarray, source: np.ndarray, factor: float) -> None:

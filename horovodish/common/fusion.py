@@ -58,8 +58,9 @@ class ResultBlocks:
 
     In training the views become gradients that zero_grad() drops before the next
     backward, so each bucket keeps reusing one block: no allocation per step. A free
-    block that no take has chosen for ``max_idle`` takes (the first step's per-gradient
-    blocks, once learned buckets replace them) is released.
+    block that no take has chosen for ``max_idle`` takes, or twice the number of blocks
+    if that is more (the first step's per-gradient blocks, once learned buckets replace
+    them), is released.
     """
 
     def __init__(self, max_idle: int = 64) -> None:
@@ -77,6 +78,8 @@ class ResultBlocks:
 
     def take(self, dtype: np.dtype, count: int) -> np.ndarray:
         """A flat block of at least count elements of dtype that nobody else references."""
+        if count == 0:  # an empty view would keep a whole block alive
+            return np.empty(0, dtype=dtype)
         self._takes += 1
         best = -1
         blocks = self._blocks
@@ -90,8 +93,12 @@ class ResultBlocks:
             best = len(self._blocks) - 1
         self._last_taken[best] = self._takes
         chosen = self._blocks[best]
+        # Idle is measured in takes, and a step takes once per bucket: with many buckets
+        # (or gradients kept across steps, which alternate two blocks per bucket) a block
+        # in use every step can sit out ~2 takes per block, so the limit grows with them.
+        limit = max(self._max_idle, 2 * len(self._blocks))
         stale = [i for i in range(len(self._blocks))
-                 if self._takes - self._last_taken[i] > self._max_idle and self._free(i)]
+                 if self._takes - self._last_taken[i] > limit and self._free(i)]
         for i in reversed(stale):
             del self._blocks[i], self._last_taken[i]
         return chosen[:count]

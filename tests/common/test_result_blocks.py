@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from horovodish.common import fusion
 from horovodish.common.fusion import ResultBlocks
 
 F32 = np.dtype(np.float32)
@@ -35,11 +36,36 @@ def test_dtype_and_size_must_fit():
 
 def test_idle_blocks_are_released():
     blocks = ResultBlocks(max_idle=4)
-    blocks.take(F32, 1000)  # a first-step block that is never chosen again
+    blocks.take(F32, 1000)  # a first-step block: free, and never fits a later take
     for _ in range(10):
-        view = blocks.take(F32, 10)
-        del view
-    assert len(blocks) == 1  # 10 elements fit in the 1000 block; it is kept busy
+        blocks.take(np.dtype(np.float64), 10)
+    assert len(blocks) == 1 and blocks.take(np.dtype(np.float64), 10).dtype == np.float64
+
+
+def test_blocks_in_use_every_step_are_kept_with_many_buckets(monkeypatch):
+    """100 buckets a step, gradients kept across steps (two blocks a bucket alternate):
+    after the first steps no block is allocated again."""
+    allocations = []
+    real_empty = np.empty
+
+    def counting_empty(*args, **kwargs):
+        allocations.append(args)
+        return real_empty(*args, **kwargs)
+    monkeypatch.setattr(fusion.np, "empty", counting_empty)
+    blocks = ResultBlocks(max_idle=4)
+    held: dict[int, np.ndarray] = {}
+    for step in range(6):
+        if step == 3:
+            allocations.clear()
+        for bucket in range(100):
+            view = blocks.take(F32, 10 + bucket)
+            held[bucket] = view  # replaces (drops) the previous step's view
+    assert allocations == [] and len(blocks) <= 200
+
+
+def test_zero_elements_take_no_block():
+    blocks = ResultBlocks()
+    assert blocks.take(F32, 0).size == 0 and len(blocks) == 0
 
 
 def test_idle_block_released_while_another_is_used():

@@ -186,8 +186,9 @@ def test_runtime_owned_results(rank: int, size: int) -> None:
         for op in [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]:
             if dtype == torch.bool and op == hvd.Average:
                 continue
-            pre, post = (0.5, 4.0) if dtype.is_floating_point and op in (hvd.Sum, hvd.Average) \
-                else (1.0, 1.0)
+            pre, post = (1.0, 1.0)
+            if dtype.is_floating_point:  # a negative postscale swaps Min and Max
+                pre, post = (0.5, 4.0) if op in (hvd.Sum, hvd.Average) else (0.5, -2.0)
             names = [f"own.{dtype}.{op}.{shape}" for shape in SHAPES]
             inputs = [[data(r, n, shape, dtype) for n, shape in zip(names, SHAPES)]
                       for r in range(size)]
@@ -205,6 +206,20 @@ def test_runtime_owned_results(rank: int, size: int) -> None:
                 check(got[i].dtype == dtype, f"{name}: dtype {got[i].dtype}")
             same(hvd.synchronize(caller), allreduce_reference(mixed_in, op, pre, post, dtype,
                                                               size), mixed_name)
+    # Ranks may mix the two APIs under one name: every rank must contribute alike.
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.int32):
+        for op in (hvd.Average, hvd.Sum, hvd.Product, hvd.Max):
+            name = f"own.mixed.{dtype}.{op}"
+            inputs = [data(r, name, (7,), dtype) for r in range(size)]
+            pre, post = (0.5, 3.0) if dtype.is_floating_point else (1.0, 1.0)
+            if rank % 2 == 0:
+                got = mpi_ops.synchronize(mpi_ops.grouped_allreduce_into_runtime_async(
+                    [inputs[rank]], name=[name], op=op, prescale_factor=pre,
+                    postscale_factor=post))[0]
+            else:
+                got = hvd.allreduce(inputs[rank], name=name, op=op, prescale_factor=pre,
+                                    postscale_factor=post)
+            same(got, allreduce_reference(inputs, op, pre, post, dtype, size), name)
     first = mpi_ops.synchronize(mpi_ops.grouped_allreduce_into_runtime_async(
         [torch.full((1000,), float(rank))], name=["own.keep"], op=hvd.Sum))[0]
     second = mpi_ops.synchronize(mpi_ops.grouped_allreduce_into_runtime_async(

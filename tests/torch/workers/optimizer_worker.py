@@ -367,11 +367,13 @@ def test_learned_order_follows_use() -> None:
     """Buckets follow the order gradients become ready, not the order layers were defined:
     a model defined in use order, in the opposite order and shuffled submits each bucket
     the moment its last gradient arrives ([2, 4, 6]: three buckets of two layers), and
-    all three train to the weights of plain torch on the same data. Bucketing by
+    all three train to the weights of plain torch on the whole batch. Bucketing by
     definition order would submit the shuffled model's buckets late ([4, 5, 6])."""
     layer_bytes = 32 * 32 * 4
     cap_mb = 2.5 * layer_bytes / 2 ** 20  # two layers per bucket
-    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(7))  # same on all ranks
+    shards = [torch.randn(8, 32, generator=torch.Generator().manual_seed(7 + r))
+              for r in range(hvd.size())]
+    x, whole = shards[hvd.rank()], torch.cat(shards)  # equal shards: mean of means
     reference = ChainNet(list(range(6)))
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     for variant, defined in [("use", [0, 1, 2, 3, 4, 5]), ("reversed", [5, 4, 3, 2, 1, 0]),
@@ -393,9 +395,9 @@ def test_learned_order_follows_use() -> None:
             held = {n: p.grad for n, p in model.named_parameters()}
             opt.step()
             kept.append((local, held))
-        # Averaging identical gradients changes nothing; a gradient tensor taken before
-        # step() still holds the local gradient of its step (results never overwrite a
-        # live tensor, whether it is an autograd gradient or an earlier result view).
+        # A gradient tensor taken before step() still holds this rank's local gradient
+        # (results never overwrite a live tensor, whether an autograd gradient or an
+        # earlier result view); ranks' gradients differ, so an overwrite would show.
         for local, held in kept:
             check(all(torch.equal(local[n], held[n]) for n in local),
                   f"{variant}: a gradient held across steps was overwritten")
@@ -408,12 +410,12 @@ def test_learned_order_follows_use() -> None:
         if variant == "use":
             for _ in range(5):
                 ref_opt.zero_grad()
-                reference(x).pow(2).mean().backward()
+                reference(whole).pow(2).mean().backward()
                 ref_opt.step()
         for index in range(6):
             ours, theirs = getattr(model, f"layer{index}"), getattr(reference, f"layer{index}")
             check(torch.allclose(ours.weight, theirs.weight, atol=1e-6),
-                  f"{variant}: layer{index} differs from plain torch after 5 steps")
+                  f"{variant}: layer{index} differs from plain torch on the whole batch")
 
 
 def test_overlap_with_backward() -> None:
