@@ -71,7 +71,8 @@ class _DistributedOptimizer:
                    backward_passes_per_step: int, op: ReduceOp, predivide: float,
                    groups: list[list[torch.Tensor]] | None, sparse_as_dense: bool,
                    process_set: ProcessSet, bucket_cap_mb: float,
-                   buffer_sync: Callable[[], None] | None) -> None:
+                   buffer_sync: Callable[[], None] | None,
+                   gradient_as_bucket_view: bool = True) -> None:
         self._hvd_names = names
         self._hvd_params = [p for group in self.param_groups for p in group["params"]
                             if p.requires_grad]
@@ -82,6 +83,11 @@ class _DistributedOptimizer:
         self._hvd_process_set = process_set
         self._hvd_member = process_set.included()
         self._hvd_buffer_sync = buffer_sync
+        # Results as views of runtime blocks (no copy back), or reduced in place into the
+        # gradient tensors (Horovod's semantics: param.grad keeps its identity).
+        self._hvd_as_view = gradient_as_bucket_view
+        self._hvd_allreduce = mpi_ops.grouped_allreduce_into_runtime_async \
+            if gradient_as_bucket_view else mpi_ops.grouped_allreduce_async_
         self._hvd_buckets = GradientBuckets(bucket_cap_mb * 2 ** 20, groups)
         self._hvd_sparse: dict[torch.Tensor, int] = {}  # sparse_dim of sparse gradients
         # (handle, params, compression contexts, sent as sparse)
@@ -129,11 +135,14 @@ class _DistributedOptimizer:
             for param, output, ctx in zip(params, outputs, ctxs):
                 reduced = self._hvd_compression.decompress(output, ctx)
                 grad = param.grad
-                # The result lives in a runtime block (or a fresh decompressed tensor):
-                # install it as the gradient rather than copying it over the old one.
-                # Sparse gradients reduced as dense stay dense; a parameter with another
-                # memory layout keeps its gradient's layout.
-                if grad.is_sparse or (param.is_contiguous() and reduced.dtype == grad.dtype):
+                if reduced is grad:  # reduced in place
+                    continue
+                # Sparse gradients reduced as dense stay dense. A result in a runtime block
+                # (or a fresh decompressed tensor) is installed rather than copied over
+                # the old gradient, unless the caller asked to keep gradient tensors or
+                # the parameter has another memory layout.
+                if grad.is_sparse or (self._hvd_as_view and param.is_contiguous()
+                                      and reduced.dtype == grad.dtype):
                     param.grad = reduced
                 else:
                     grad.copy_(reduced)
@@ -245,7 +254,7 @@ class _DistributedOptimizer:
             names.append(name)
         if tensors:
             prescale, postscale = self._hvd_scale
-            handle = mpi_ops.grouped_allreduce_into_runtime_async(
+            handle = self._hvd_allreduce(
                 tensors, name=names, op=self._hvd_op, prescale_factor=prescale,
                 postscale_factor=postscale, process_set=self._hvd_process_set)
             self._hvd_pending.append((handle, dense, ctxs, False))
@@ -399,12 +408,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          groups: Any = None, sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set,
                          bucket_cap_mb: float = 25.0,
-                         buffer_sync: Callable[[], None] | None = None) -> Any:
+                         buffer_sync: Callable[[], None] | None = None,
+                         gradient_as_bucket_view: bool = True) -> Any:
     """Wrap ``optimizer`` so that step() uses gradients reduced over all ranks.
 
     Horovod's arguments, plus (beyond Horovod) ``bucket_cap_mb`` (learned bucket order:
-    0 submits every gradient on its own, as Horovod does) and ``buffer_sync`` (a callable
-    run after every step, e.g. ``hvd.BufferSync(model)``). See the module docstring for
+    0 submits every gradient on its own, as Horovod does), ``buffer_sync`` (a callable
+    run after every step, e.g. ``hvd.BufferSync(model)``) and ``gradient_as_bucket_view``
+    (default True: reduced gradients are installed as views of the runtime's result
+    blocks, saving a copy; False reduces into the existing gradient tensors, as Horovod
+    and DDP's default do, for code that holds on to ``param.grad`` across ``step()``). See the module docstring for
     the contract and an example.
     """
     op = ReduceOp(op)
@@ -430,5 +443,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     wrapped._hvd_setup(names, compression, backward_passes_per_step, op,
                        float(gradient_predivide_factor), _groups(params, groups),
-                       sparse_as_dense, process_set, bucket_cap_mb, buffer_sync)
+                       sparse_as_dense, process_set, bucket_cap_mb, buffer_sync,
+                       gradient_as_bucket_view)
     return wrapped

@@ -134,6 +134,37 @@ def test_equivalence() -> None:
     close(train(SGD, clip=True)[0], reference(SGD, clip=True), 1e-5, "synchronize+clip")
     for compression, tol in [(hvd.Compression.fp16, 2e-3), (hvd.Compression.bf16, 2e-2)]:
         close(train(SGD, compression=compression)[0], ref, tol, f"{compression.__name__}")
+    close(train(ADAM, gradient_as_bucket_view=False)[0], reference(ADAM), 1e-5,
+          "gradients reduced in place")
+    close(train(SGD, gradient_as_bucket_view=False, compression=hvd.Compression.fp16)[0], ref,
+          2e-3, "in place with fp16 compression")
+
+
+def test_gradient_identity() -> None:
+    """gradient_as_bucket_view=False keeps Horovod's in-place semantics: the tensor in
+    param.grad before step() is the one that holds the reduced gradient after it. The
+    default installs a view of the runtime's block and leaves the old tensor local."""
+    for as_view in (True, False):
+        model = nn.Linear(5, 3)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                       named_parameters=[(f"identity{as_view}.{n}", p) for n, p
+                                                         in model.named_parameters()],
+                                       gradient_as_bucket_view=as_view)
+        for step in range(3):
+            opt.zero_grad()
+            inputs = [torch.full((2, 5), float(r + step)) for r in range(hvd.size())]
+            model(inputs[hvd.rank()]).sum().backward()
+            before = model.weight.grad
+            local = before.clone()
+            opt.synchronize()
+            want = (sum(x.sum(0) for x in inputs) / hvd.size()).expand(3, 5)  # d sum / dW
+            check(torch.allclose(model.weight.grad, want), f"as_view={as_view}: wrong mean")
+            check((model.weight.grad is before) != as_view,
+                  f"as_view={as_view}: gradient identity {model.weight.grad is before}")
+            check(torch.equal(before, model.weight.grad if not as_view else local),
+                  f"as_view={as_view}: the old gradient tensor holds the wrong values")
+            with opt.skip_synchronize():
+                opt.step()
 
 
 class Branchy(nn.Module):
@@ -446,7 +477,8 @@ def main() -> None:
     hvd.init()
     torch.set_num_threads(1)
     started = time.perf_counter()
-    for test in [test_equivalence, test_branch_on_one_rank, test_sparse, test_muon,
+    for test in [test_equivalence, test_gradient_identity, test_branch_on_one_rank,
+                 test_sparse, test_muon,
                  test_errors, test_broadcast_optimizer_state, test_learned_order,
                  test_learned_order_follows_use,
                  test_overlap_with_backward]:
