@@ -96,12 +96,7 @@ class Executor:
         total = sum(counts)
         op = ReduceOp.SUM if first.reduce_op == ReduceOp.AVERAGE else first.reduce_op
         backend = self._backend(RequestType.ALLREDUCE, first, total * dtype.itemsize)
-        average = first.reduce_op == ReduceOp.AVERAGE
-        pre, post = first.prescale, first.postscale
-        if average and first.dtype in _DIVIDE_FIRST:
-            pre = pre / self.size  # on the way in: saves the in-place pass over results
-        elif average and first.dtype in FLOATING:
-            post = post / self.size
+        pre, post = self._scales(first)
         # Some caller lets the runtime own its result: reduce in a result block.
         owned = any(entry is not None and entry.output is None for entry in mine)
         single = not owned and len(group) == 1 and mine[0] is not None
@@ -125,34 +120,25 @@ class Executor:
             if total:
                 backend.allreduce(buf, op)
         self._phase("MEMCPY_OUT_FUSION_BUFFER")
-        if average and first.dtype not in FLOATING:
+        if first.reduce_op == ReduceOp.AVERAGE and first.dtype not in FLOATING:
             np.floor_divide(buf, self.size, out=buf)
-        if single or owned:  # reduced in its output already
-            if post != 1.0:
-                np.multiply(buf, post, out=buf, casting="unsafe")
-        else:  # scale on the way out: one pass over the data, not two
-            offset = 0
-            copy = np.copyto
-            for entry, count in zip(mine, counts):
-                if entry is not None:
-                    part = buf[offset:offset + count]
-                    if post == 1.0:
-                        copy(entry.output.reshape(-1), part)
-                    else:
-                        np.multiply(part, post, out=entry.output.reshape(-1), casting="unsafe")
-                offset += count
-        if owned:  # views of the block; copies only for callers that gave an output
-            results, offset = [], 0
-            for entry, response in zip(mine, group):
-                part = buf[offset:offset + response.count]
-                offset += response.count
-                if entry is not None and entry.output is not None:
-                    np.copyto(entry.output.reshape(-1), part)
-                    results.append(entry.output)
-                else:
-                    results.append(None if entry is None else part.reshape(response.shape))
-            return results
-        return [entry.output if entry is not None else None for entry in mine]
+        if not (single or owned):
+            _unpack(buf, mine, counts, post)  # scaled on the way out: one pass, not two
+            return [entry.output if entry is not None else None for entry in mine]
+        if post != 1.0:  # reduced where the caller reads it
+            np.multiply(buf, post, out=buf, casting="unsafe")
+        if single:
+            return [mine[0].output]
+        return _hand_out(buf, mine, group)
+
+    def _scales(self, first: Response) -> tuple[float, float]:
+        """(prescale, postscale) as applied; Average's 1/size joins one of them."""
+        pre, post = first.prescale, first.postscale
+        if first.reduce_op == ReduceOp.AVERAGE and first.dtype in _DIVIDE_FIRST:
+            pre = pre / self.size  # on the way in: saves the in-place pass over results
+        elif first.reduce_op == ReduceOp.AVERAGE and first.dtype in FLOATING:
+            post = post / self.size
+        return pre, post
 
     def _pack(self, buf: np.ndarray, mine: list[Entry | None], counts: list[int],
               dtype: np.dtype, prescale: float) -> None:
@@ -240,6 +226,33 @@ class Executor:
 # depends on the response alone, so every rank contributes alike. The caller's own
 # prescale and postscale stay where Horovod puts them (Product, Min and Max need that).
 _DIVIDE_FIRST = frozenset({"float32", "float64"})
+
+
+def _unpack(buf: np.ndarray, mine: list[Entry | None], counts: list[int], post: float
+            ) -> None:
+    """The fusion buffer out to the callers' outputs, scaled by post."""
+    offset = 0
+    for entry, count in zip(mine, counts):
+        if entry is not None:
+            _scaled_copy(entry.output.reshape(-1), buf[offset:offset + count], post)
+        offset += count
+
+
+def _hand_out(block: np.ndarray, mine: list[Entry | None], group: list[Response]) -> list:
+    """Results from a result block: views for callers that let the runtime own their
+    result, copies for callers that gave an output."""
+    results, offset = [], 0
+    for entry, response in zip(mine, group):
+        part = block[offset:offset + response.count]
+        offset += response.count
+        if entry is None:
+            results.append(None)
+        elif entry.output is not None:
+            np.copyto(entry.output.reshape(-1), part)
+            results.append(entry.output)
+        else:
+            results.append(part.reshape(response.shape))
+    return results
 
 
 def _scaled_copy(out: np.ndarray, source: np.ndarray, factor: float) -> None:
