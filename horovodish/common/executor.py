@@ -1,12 +1,12 @@
 """Executes planned responses on this rank's entries and completes their handles.
 
-Allreduce: copy in (scaled) to the fusion buffer, reduce, copy out (scaled). Average is
-Sum with postscale 1/size for floating types and a floor division for integers. A rank
-that has joined has no entry and contributes zeros.
+Allreduce: copy in (prescaled) to the fusion buffer, reduce, copy out (postscaled).
+Average is Sum with a 1/size factor for floating types (float32/float64 apply it on the
+way in, float16/bfloat16 on the way out) and a floor division for integers. A rank that
+has joined has no entry and contributes zeros.
 
 Entries without an output (callers that let the runtime own the result) are packed into
-a result block instead and get views of it: no copy out. For float32/float64, Average's
-1/size is applied on the way in (so an Average result needs no pass after the sum).
+a result block instead and get views of it: no copy out.
 """
 from __future__ import annotations
 

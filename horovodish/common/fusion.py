@@ -58,9 +58,9 @@ class ResultBlocks:
 
     In training the views become gradients that zero_grad() drops before the next
     backward, so each bucket keeps reusing one block: no allocation per step. A free
-    block that no take has chosen for ``max_idle`` takes, or twice the number of blocks
-    if that is more (the first step's per-gradient blocks, once learned buckets replace
-    them), is released.
+    block that no take has chosen for ``max_idle`` takes, or for about twice the number
+    of blocks in use if that is more (the first step's per-gradient blocks, once learned
+    buckets replace them), is released.
     """
 
     def __init__(self, max_idle: int = 64) -> None:
@@ -95,8 +95,10 @@ class ResultBlocks:
         chosen = self._blocks[best]
         # Idle is measured in takes, and a step takes once per bucket: with many buckets
         # (or gradients kept across steps, which alternate two blocks per bucket) a block
-        # in use every step can sit out ~2 takes per block, so the limit grows with them.
-        limit = max(self._max_idle, 2 * len(self._blocks))
+        # in use every step sits out up to ~2 takes per block in use, so the limit grows
+        # with those (not with all blocks: growing sizes would then never release any).
+        in_use = sum(1 for i in range(len(self._blocks)) if not self._free(i))
+        limit = max(self._max_idle, 2 * in_use + 2)
         stale = [i for i in range(len(self._blocks))
                  if self._takes - self._last_taken[i] > limit and self._free(i)]
         for i in reversed(stale):

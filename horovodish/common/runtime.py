@@ -139,8 +139,7 @@ class Runtime:
     def _loop(self) -> None:
         last_start = 0.0
         while True:
-            idle_wait = max(self.cycle_time, _IDLE_WAIT)  # the cycle time may be autotuned
-            new_entries, shutdown = self._wait_for_work(last_start, idle_wait)
+            new_entries, shutdown = self._wait_for_work(last_start, _IDLE_WAIT)
             busy = bool(new_entries) or self.controller.has_pending
             transport = self.controller.transport
             if hasattr(transport, "max_sleep"):

@@ -10,11 +10,13 @@ Contract (Horovod's):
 * A hook on each parameter submits an allreduce of its gradient as soon as autograd has
   accumulated it, so communication overlaps the rest of backward. ``step()`` waits for
   all of them (``synchronize()``), then runs the wrapped update.
-* After ``synchronize()`` each ``param.grad`` is the reduced gradient, installed as a
-  view of the runtime's result block (nothing is copied back into the old gradient
-  tensor, as DDP's ``gradient_as_bucket_view``). A reference to ``param.grad`` taken
-  before ``synchronize()`` keeps the local, unreduced gradient: read ``param.grad``
-  again afterwards.
+* After ``synchronize()`` each ``param.grad`` is the reduced gradient, by default
+  installed as a view of the runtime's result block (nothing is copied back into the
+  old gradient tensor, as with DDP's ``gradient_as_bucket_view=True``): a reference to
+  ``param.grad`` taken before ``synchronize()`` keeps the local, unreduced gradient.
+  ``gradient_as_bucket_view=False`` reduces into the existing gradient tensors instead
+  (Horovod's behaviour). ``op=Adasum`` builds a different optimizer (Horovod's delta
+  rule), which updates parameters, not gradients, and ignores this flag.
 * A parameter that got no gradient on this rank is reduced with zeros at
   ``synchronize()``, so a branch taken on some ranks only never stalls the others.
 * ``backward_passes_per_step=k``: gradients accumulate locally for k backward passes and

@@ -34,17 +34,7 @@ def test_dtype_and_size_must_fit():
     assert wide.dtype == np.float64 and big.size == 1000 and len(blocks) == 3
 
 
-def test_idle_blocks_are_released():
-    blocks = ResultBlocks(max_idle=4)
-    blocks.take(F32, 1000)  # a first-step block: free, and never fits a later take
-    for _ in range(10):
-        blocks.take(np.dtype(np.float64), 10)
-    assert len(blocks) == 1 and blocks.take(np.dtype(np.float64), 10).dtype == np.float64
-
-
-def test_blocks_in_use_every_step_are_kept_with_many_buckets(monkeypatch):
-    """100 buckets a step, gradients kept across steps (two blocks a bucket alternate):
-    after the first steps no block is allocated again."""
+def counting_allocations(monkeypatch) -> list:
     allocations = []
     real_empty = np.empty
 
@@ -52,6 +42,32 @@ def test_blocks_in_use_every_step_are_kept_with_many_buckets(monkeypatch):
         allocations.append(args)
         return real_empty(*args, **kwargs)
     monkeypatch.setattr(fusion.np, "empty", counting_empty)
+    return allocations
+
+
+def test_idle_blocks_are_released(monkeypatch):
+    allocations = counting_allocations(monkeypatch)
+    blocks = ResultBlocks(max_idle=4)
+    blocks.take(F32, 1000)  # a first-step block: free, and never fits a later take
+    for _ in range(10):
+        blocks.take(np.dtype(np.float64), 10)
+    assert len(blocks) == 1
+    allocations.clear()
+    blocks.take(F32, 1000)  # the float32 block was released: a new one is allocated
+    assert len(allocations) == 1
+
+
+def test_growing_sizes_do_not_accumulate_blocks():
+    blocks = ResultBlocks(max_idle=8)
+    for k in range(200):
+        blocks.take(F32, 1000 + k)  # every take needs a bigger block; older ones idle
+    assert len(blocks) <= 10
+
+
+def test_blocks_in_use_every_step_are_kept_with_many_buckets(monkeypatch):
+    """100 buckets a step, gradients kept across steps (two blocks a bucket alternate):
+    after the first steps no block is allocated again."""
+    allocations = counting_allocations(monkeypatch)
     blocks = ResultBlocks(max_idle=4)
     held: dict[int, np.ndarray] = {}
     for step in range(6):
