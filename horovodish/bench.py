@@ -12,12 +12,13 @@ compute-bound loop slows while the runtime is initialized and idle.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import tempfile
 import time
-from typing import Callable
+from typing import Callable, ContextManager, Iterator
 
 import numpy as np
 from mpi4py import MPI
@@ -47,15 +48,20 @@ def _time(fn: Callable[[], None], comm: MPI.Comm, budget: float = 0.6,
 
 
 def _alternating(fns: dict[str, Callable[[], None]], comm: MPI.Comm, rounds: int = 3,
-                 budget: float = 0.2) -> dict[str, float]:
-    """Seconds per call of each contender: the median over rounds in which every
-    contender is timed back to back, so that a slow spell of this shared machine (MPICH's
-    own 4 MiB allreduce swings 0.4 to 2.5 ms here) hits both sides of a ratio."""
+                 budget: float = 0.2,
+                 around: dict[str, Callable[[], ContextManager]] | None = None
+                 ) -> dict[str, list[float]]:
+    """Seconds per call of each contender in each round; every contender is timed in
+    every round, back to back, so that a slow spell of this shared machine (MPICH's own
+    4 MiB allreduce swings 0.4 to 2.5 ms here) hits both sides of a ratio. ``around``
+    gives a contender a context to be timed in (a timeline recording, say)."""
+    around = around or {}
     times: dict[str, list[float]] = {key: [] for key in fns}
     for _ in range(rounds):
         for key, fn in fns.items():
-            times[key].append(_time(fn, comm, budget))
-    return {key: statistics.median(values) for key, values in times.items()}
+            with around.get(key, contextlib.nullcontext)():
+                times[key].append(_time(fn, comm, budget))
+    return times
 
 
 def _busbw(nbytes: int, seconds: float, size: int) -> float:
@@ -72,7 +78,7 @@ def sweep(comm: MPI.Comm, sizes: list[int]) -> list[dict]:
         timed = _alternating({
             "ours": lambda: collectives.allreduce_async(buf, buf, name, ReduceOp.SUM).wait(),
             "raw": lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)}, comm)
-        ours, raw = timed["ours"], timed["raw"]
+        ours, raw = statistics.median(timed["ours"]), statistics.median(timed["raw"])
         rows.append({
             "bytes": nbytes, "runtime_s": ours, "mpi_s": raw,
             "runtime_algbw": nbytes / ours, "mpi_algbw": nbytes / raw,
@@ -99,16 +105,18 @@ def many_small(comm: MPI.Comm, count: int = 256, nbytes: int = 16 << 10) -> dict
             comm.Allreduce(MPI.IN_PLACE, t, op=MPI.SUM)
 
     with tempfile.TemporaryDirectory() as folder:
-        rounds = 5
-        times: dict[str, list[float]] = {"ours": [], "one": [], "separate": [], "timeline": []}
-        for round_ in range(rounds):  # every contender in every round: see _alternating
-            times["ours"].append(_time(ours, comm, 0.2))
-            times["one"].append(_time(lambda: comm.Allreduce(MPI.IN_PLACE, concat, op=MPI.SUM),
-                                      comm, 0.2))
-            times["separate"].append(_time(separate, comm, 0.2))
-            basics.start_timeline(os.path.join(folder, f"timeline{round_}.json"))
-            times["timeline"].append(_time(ours, comm, 0.2))
-            basics.stop_timeline()
+        @contextlib.contextmanager
+        def timeline() -> Iterator[None]:
+            basics.start_timeline(os.path.join(folder, "timeline.json"))
+            try:
+                yield
+            finally:
+                basics.stop_timeline()
+
+        times = _alternating(
+            {"ours": ours, "one": lambda: comm.Allreduce(MPI.IN_PLACE, concat, op=MPI.SUM),
+             "separate": separate, "timeline": ours}, comm, rounds=5,
+            around={"timeline": timeline})
     ours_s, one_s, separate_s, timeline_s = (statistics.median(times[k]) for k in
                                              ("ours", "one", "separate", "timeline"))
     return {"count": count, "bytes_each": nbytes, "runtime_s": ours_s,

@@ -94,7 +94,8 @@ def _write_back(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
 
 
 # -- allreduce -----------------------------------------------------------------------------
-def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+def _grouped_allreduce_async(tensors: Sequence[torch.Tensor],
+                             outputs: Sequence[torch.Tensor | None],
                              name: str | None, op: ReduceOp, prescale_factor: float,
                              postscale_factor: float, opname: str,
                              finish: Callable[[list[Any]], Any],
@@ -103,7 +104,8 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[
         check_tensor(tensor, opname)
     sources = [as_numpy(_contiguous(t)) for t in tensors]
     # In place: hand the core the very same array as input and output, so it skips the copy.
-    targets = [src if out is tensor else as_numpy(out)
+    # No output: the runtime owns the result (a view of its block).
+    targets = [src if out is tensor else None if out is None else as_numpy(out)
                for src, out, tensor in zip(sources, outputs, tensors)]
     handles = core.grouped_allreduce_async(
         sources, targets,
@@ -161,13 +163,10 @@ def grouped_allreduce_into_runtime_async(tensors: Sequence[torch.Tensor],
     """Like grouped_allreduce_async, but the results are views of a runtime-owned block
     (beyond Horovod): the inputs are untouched and nothing is copied out of the fusion
     buffer. DistributedOptimizer uses it and installs the results as the gradients."""
-    for tensor in tensors:
-        check_tensor(tensor, "grouped_allreduce")
-    handles = core.grouped_allreduce_async(
-        [as_numpy(_contiguous(t)) for t in tensors], [None] * len(tensors),
-        _names(name, len(tensors), "allreduce", process_set), ReduceOp(op), prescale_factor,
-        postscale_factor, device_class(tensors[0]) if tensors else "cpu", process_set)
-    return _register(handles, lambda results: [from_numpy(r) for r in results])
+    return _grouped_allreduce_async(tensors, [None] * len(tensors), name, ReduceOp(op),
+                                    prescale_factor, postscale_factor, "grouped_allreduce",
+                                    lambda results: [from_numpy(r) for r in results],
+                                    process_set)
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,

@@ -88,8 +88,6 @@ class _DistributedOptimizer:
         # Results as views of runtime blocks (no copy back), or reduced in place into the
         # gradient tensors (Horovod's semantics: param.grad keeps its identity).
         self._hvd_as_view = gradient_as_bucket_view
-        self._hvd_allreduce = mpi_ops.grouped_allreduce_into_runtime_async \
-            if gradient_as_bucket_view else mpi_ops.grouped_allreduce_async_
         self._hvd_buckets = GradientBuckets(bucket_cap_mb * 2 ** 20, groups)
         self._hvd_sparse: dict[torch.Tensor, int] = {}  # sparse_dim of sparse gradients
         # (handle, params, compression contexts, sent as sparse)
@@ -256,7 +254,9 @@ class _DistributedOptimizer:
             names.append(name)
         if tensors:
             prescale, postscale = self._hvd_scale
-            handle = self._hvd_allreduce(
+            allreduce = mpi_ops.grouped_allreduce_into_runtime_async if self._hvd_as_view \
+                else mpi_ops.grouped_allreduce_async_
+            handle = allreduce(
                 tensors, name=names, op=self._hvd_op, prescale_factor=prescale,
                 postscale_factor=postscale, process_set=self._hvd_process_set)
             self._hvd_pending.append((handle, dense, ctxs, False))

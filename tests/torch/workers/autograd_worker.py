@@ -6,18 +6,13 @@ Exits non-zero on the first failure.
 """
 from __future__ import annotations
 
-import os
 import sys
 import zlib
 
 import torch
 
 import horovodish.torch as hvd
-
-
-def check(cond: bool, what: str) -> None:
-    if not cond:
-        raise AssertionError(f"rank {hvd.rank()}: {what}")
+from worker_support import check, run
 
 
 def data(rank: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -140,10 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        import traceback
-        traceback.print_exc()
-        sys.stdout.flush()
-        os._exit(1)
+    run(main)

@@ -6,13 +6,13 @@ other rank's input and hence the exact reference. Exits non-zero on the first fa
 from __future__ import annotations
 
 import os
-import sys
 import zlib
 
 import numpy as np
 import torch
 
 import horovodish.torch as hvd
+from worker_support import check, run
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.bool]
@@ -32,11 +32,6 @@ def data(rank: int, name: str, shape, dtype: torch.dtype) -> torch.Tensor:
 
 def ref_np(t: torch.Tensor) -> np.ndarray:
     return t.to(torch.float64).numpy() if t.dtype in (torch.bfloat16, torch.float16) else t.numpy()
-
-
-def check(cond: bool, what: str) -> None:
-    if not cond:
-        raise AssertionError(f"rank {hvd.rank()}: {what}")
 
 
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 2e-2, torch.float32: 1e-6, torch.float64: 1e-12}
@@ -390,10 +385,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:
-        import traceback
-        traceback.print_exc()
-        sys.stdout.flush()
-        os._exit(1)
+    run(main)

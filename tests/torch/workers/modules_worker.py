@@ -6,7 +6,6 @@ batch and runs torch's own BatchNorm on it as the reference. Exits non-zero on f
 from __future__ import annotations
 
 import copy
-import os
 import sys
 import zlib
 
@@ -14,11 +13,7 @@ import torch
 from torch import nn
 
 import horovodish.torch as hvd
-
-
-def check(cond: bool, what: str) -> None:
-    if not cond:
-        raise AssertionError(f"rank {hvd.rank()}: {what}")
+from worker_support import check, run
 
 
 def data(rank: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -167,10 +162,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        import traceback
-        traceback.print_exc()
-        sys.stdout.flush()
-        os._exit(1)
+    run(main)

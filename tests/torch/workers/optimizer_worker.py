@@ -7,7 +7,6 @@ Exits non-zero on the first failure.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 import warnings
@@ -18,15 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import horovodish.torch as hvd
+from worker_support import check, run
 from horovodish.torch import mpi_ops
 
 BATCH = 24  # divisible by 1, 2, 3, 4 and 6 ranks, and by 2 micro-batches on each
 STEPS = 15
-
-
-def check(cond: bool, what: str) -> None:
-    if not cond:
-        raise AssertionError(f"rank {hvd.rank()}: {what}")
 
 
 def expect(exc_type: type, call: Callable[[], Any], *fragments: str) -> None:
@@ -489,10 +484,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        import traceback
-        traceback.print_exc()
-        sys.stdout.flush()
-        os._exit(1)
+    run(main)
