@@ -41,6 +41,7 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False) -> A
     from .backends.adasum import Adasum
     from .backends.mpi import MPIBackend
     from .backends.ring import RingBackend
+    from .backends.shm import SharedMemoryBackend
     from .controller import Controller
     from .executor import Executor
     from .mpi_transport import MPITransport
@@ -52,7 +53,8 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False) -> A
     stall = None
     if not config.stall_check_disable and size > 1:
         stall = StallInspector(size, config.stall_check_time, config.stall_shutdown_time)
-    backends = [RingBackend(comm, config.ring_threshold, config.cpu_operations),
+    backends = [SharedMemoryBackend(comm, config.cpu_operations),
+                RingBackend(comm, config.ring_threshold, config.cpu_operations),
                 MPIBackend(comm)]
     controller = Controller(MPITransport(comm), config.cache_capacity, stall)
     executor = Executor(OperationManager(backends), rank, size, Adasum(comm))

@@ -13,7 +13,7 @@ from typing import Callable, Mapping, TypeVar
 T = TypeVar("T")
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
-CPU_OPERATIONS = ("mpi", "ring")
+CPU_OPERATIONS = ("mpi", "ring", "shm")
 GPU_OPERATIONS = ("nccl", "mpi")
 
 # Below this many bytes MPI's own allreduce wins on one host; above it our ring does.

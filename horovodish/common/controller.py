@@ -24,7 +24,7 @@ import numpy as np
 
 from .coordinator import Coordinator
 from .messages import Request, RequestType, Response
-from .response_cache import CacheState, ResponseCache
+from .response_cache import ResponseCache
 from .stall import StallInspector
 from .timeline import Timeline
 
@@ -54,11 +54,8 @@ class Transport(ABC):
         """The coordinator's obj on every rank."""
 
 
-@dataclass
-class _Pending:
-    request: Request
-    submitted_at: float
-    sent: bool = False  # handed to the coordinator; it owns readiness from now on
+# A request not yet negotiated, with the time it reached the controller.
+_Waiting = tuple[Request, float]
 
 
 @dataclass
@@ -86,7 +83,10 @@ class Controller:
         # stall inspector (which only sees the coordinator's table) can name it.
         self._stall_age = stall.check_time / 2 if stall is not None else float("inf")
         self.coordinator = Coordinator(self.size, stall) if self.rank == 0 else None
-        self._pending: dict[str, _Pending] = {}
+        # Requests not yet negotiated, and those handed to the coordinator (which owns
+        # their readiness from then on), by name.
+        self._waiting: dict[str, _Waiting] = {}
+        self._sent: dict[str, Request] = {}
         self.timeline: Timeline | None = None  # set on rank 0 while a timeline is recording
         self.params_to_send: Any = None  # rank 0: autotuned parameters for every rank
         self._joined = False
@@ -96,13 +96,14 @@ class Controller:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._pending)
+        return bool(self._waiting or self._sent)
 
     def cycle(self, new_requests: list[Request], shutdown: bool = False) -> CycleResult:
         now = self.clock()
         timeline = self.timeline
+        waiting = self._waiting
         for request in new_requests:
-            self._pending[request.name] = _Pending(request, now)
+            waiting[request.name] = (request, now)
             if request.type == RequestType.JOIN:
                 self._joined = True
             elif timeline is not None:
@@ -117,17 +118,21 @@ class Controller:
         if invalid:
             for bit in _bits_of(invalid):
                 self.cache.erase(bit)
-            uncached.extend(self._pending[name] for name, bit in hits if invalid >> bit & 1)
+            uncached.extend(waiting[name] for name, bit in hits if invalid >> bit & 1)
 
         result = CycleResult(shutdown=bool(flags & FLAG_SHUTDOWN),
                              stalled=bool(flags & FLAG_STALLED),
                              shutdown_ranks=_bits_of(leaving))
         self._others_joined = bool(flags & FLAG_JOINED)
-        for bit in _bits_of(ready):
-            response = self.cache.response(bit)
-            self.cache.touch(bit)
-            self._pending.pop(response.name, None)
-            result.responses.append(response)
+        if ready:
+            # Bit order (the same on every rank). Without a join, every ready bit is one
+            # of this rank's hits: sorting those beats scanning the whole bit set.
+            bits = _bits_of(ready) if self._joined else sorted(
+                bit for _, bit in hits if ready >> bit & 1)
+            responses = self.cache.take(bits)
+            for response in responses:
+                waiting.pop(response.name, None)
+            result.responses = responses
 
         if flags & FLAG_UNCACHED:
             result.negotiated_slow = True
@@ -139,35 +144,30 @@ class Controller:
         return result
 
     def _classify(self, now: float, shutdown: bool
-                  ) -> tuple[list[tuple[str, int]], list[_Pending], np.ndarray]:
+                  ) -> tuple[list[tuple[str, int]], list[_Waiting], np.ndarray]:
         ready = invalid = 0  # bit sets as Python ints: cheap to build and to test
         hits: list[tuple[str, int]] = []
-        uncached: list[_Pending] = []
+        uncached: list[_Waiting] = []
         caching = self._words > 0
-        lookup = self.cache.lookup
-        hit = CacheState.HIT
+        cached_as = self.cache.cached_as
         stale_before = now - self._stall_age  # submitted earlier: show it to the coordinator
         others_joined = self._others_joined
-        for name, pending in self._pending.items():
-            if pending.sent:
-                continue
-            request = pending.request
-            if request.type == RequestType.JOIN or not caching:
-                uncached.append(pending)
-                continue
-            state, bit = lookup(request)
-            # Bypass the cache for a stale request (so the stall inspector can name it)
-            # and, once some rank joined, for non-allreduce (so the join error is raised).
-            if state == hit and (pending.submitted_at <= stale_before or (
-                    others_joined and request.type != RequestType.ALLREDUCE)):
-                state = CacheState.INVALID
-            if state == hit:
-                ready |= 1 << bit
-                hits.append((name, bit))
+        join, allreduce = RequestType.JOIN, RequestType.ALLREDUCE
+        for name, waiting in self._waiting.items():
+            request, submitted_at = waiting
+            cached = cached_as(name) if caching else None
+            if cached is None or request.type == join:
+                uncached.append(waiting)
+            # A hit, unless this rank's request differs from the cached one, or bypassing
+            # the cache: for a stale request (so the stall inspector can name it) and,
+            # once some rank joined, for non-allreduce (so the join error is raised).
+            elif cached.signature == request and submitted_at > stale_before and not (
+                    others_joined and request.type != allreduce):
+                ready |= 1 << cached.bit
+                hits.append((name, cached.bit))
             else:
-                if state == CacheState.INVALID:
-                    invalid |= 1 << bit
-                uncached.append(pending)
+                invalid |= 1 << cached.bit
+                uncached.append(waiting)
         if self._joined:
             # A joined rank is ready for every cached allreduce: it contributes zeros.
             for bit, response in self.cache.bits():
@@ -204,10 +204,12 @@ class Controller:
         leaving = ~int.from_bytes(leaving_raw, "little") & _mask(len(leaving_raw))
         return flags, ready, invalid, leaving
 
-    def _negotiate_slow(self, uncached: list[_Pending]) -> tuple[list[Response], Any]:
-        for pending in uncached:
-            pending.sent = True
-        gathered = self.transport.gather([p.request for p in uncached])
+    def _negotiate_slow(self, uncached: list[_Waiting]) -> tuple[list[Response], Any]:
+        requests = [request for request, _ in uncached]
+        for request in requests:
+            del self._waiting[request.name]
+            self._sent[request.name] = request
+        gathered = self.transport.gather(requests)
         payload = None
         if self.coordinator is not None:
             assert gathered is not None
@@ -217,11 +219,14 @@ class Controller:
             self.params_to_send = None
         responses, params = self.transport.bcast(payload)
         for response in responses:
-            pending = self._pending.pop(response.name, None)
+            # None: a rank that had joined gets responses for tensors it never submitted.
+            request = self._sent.pop(response.name, None)
+            if request is None and response.name in self._waiting:  # defensive: never stale
+                request = self._waiting.pop(response.name)[0]
             if response.type == RequestType.JOIN:
                 self._joined = False
             elif response.error is None:
-                self.cache.put(response, pending.request if pending is not None else None)
+                self.cache.put(response, request)
         return responses, params
 
 

@@ -36,6 +36,9 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def dtype_name(dtype: np.dtype) -> str:
     """The runtime's name for a numpy dtype; TypeError for one it cannot move."""
+    name = _NAMES.get(dtype)  # an array's dtype: no conversion needed
+    if name is not None:
+        return name
     try:
         return _NAMES[np.dtype(dtype)]
     except KeyError:

@@ -10,7 +10,7 @@ from .handles import Handle
 from .messages import Request
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     request: Request
     tensor: np.ndarray | None

@@ -13,13 +13,19 @@ from __future__ import annotations
 import numpy as np
 
 from .backends.adasum import Adasum
+from .backends.shm import SharedMemoryBackend
 from .dtypes import FLOATING, numpy_dtype
 from .entry import Entry
 from .errors import HorovodInternalError
 from .fusion import FusionBuffers, ResultBlocks
 from .messages import ReduceOp, RequestType, Response
 from .operations import OperationManager
+from .scatter import MIN_OUTPUTS, Scatterer
 from .timeline import Timeline, now_us
+
+
+# Pack / reduce / copy out a large group in pieces of about this size (see _pieces).
+PIPELINE_PIECE_BYTES = 1 << 20
 
 
 def _reduction_counts(rows: int, size: int) -> list[int]:
@@ -37,6 +43,7 @@ class Executor:
         self.size = size
         self.buffers = FusionBuffers()
         self.result_blocks = ResultBlocks()
+        self.scatterer = Scatterer()
         self.timeline: Timeline | None = None  # set by the runtime while recording
         self._marks: list[tuple[str, float]] = []
 
@@ -99,16 +106,75 @@ class Executor:
         pre, post = self._scales(first)
         # Some caller lets the runtime own its result: reduce in a result block.
         owned = any(entry is not None and entry.output is None for entry in mine)
+        if isinstance(backend, SharedMemoryBackend) and op != ReduceOp.ADASUM:
+            return self._allreduce_shared(backend, first, group, mine, counts, dtype, op,
+                                          pre, post, owned)
         single = not owned and len(group) == 1 and mine[0] is not None
+        if not (single or owned):
+            pieces = [(0, len(group))] if op == ReduceOp.ADASUM else \
+                self._pieces(counts, dtype.itemsize, backend, first)
+            for start, end in pieces:
+                self._through_fusion_buffer(first, mine[start:end], counts[start:end], dtype,
+                                            op, backend, pre, post)
+            return [entry.output if entry is not None else None for entry in mine]
         if owned:
             buf = self.result_blocks.take(dtype, total)
         else:
-            buf = mine[0].output.reshape(-1) if single else self.buffers.get(dtype, total)
+            buf = mine[0].output.reshape(-1)
         self._phase("MEMCPY_IN_FUSION_BUFFER")
         if single:
             _scaled_copy(buf, mine[0].tensor.reshape(-1), pre)
         else:
             self._pack(buf, mine, counts, dtype, pre)
+        self._reduce(first, buf, counts, mine, op, backend)
+        if post != 1.0:  # reduced where the caller reads it
+            np.multiply(buf, post, out=buf, casting="unsafe")
+        if single:
+            return [mine[0].output]
+        return _hand_out(buf, mine, group)
+
+    def _allreduce_shared(self, backend: SharedMemoryBackend, first: Response,
+                          group: list[Response], mine: list[Entry | None], counts: list[int],
+                          dtype: np.dtype, op: ReduceOp, pre: float, post: float,
+                          owned: bool) -> list:
+        """Inputs packed straight into shared memory, results copied straight out: no
+        fusion buffer of our own."""
+        inputs = []
+        for entry in mine:
+            inputs.append(entry.tensor if entry is not None else None)
+            if entry is not None:
+                entry.tensor = None  # consumed (the list holds it until packed)
+        floor_by = self.size if first.reduce_op == ReduceOp.AVERAGE and \
+            first.dtype not in FLOATING else 0
+        self._phase("SHM_ALLREDUCE")
+        if owned:
+            block = self.result_blocks.take(dtype, sum(counts))
+            backend.allreduce_into(inputs, counts, block, dtype, op, pre, post, floor_by)
+            return _hand_out(block, mine, group)
+        outputs = [entry.output if entry is not None else None for entry in mine]
+        backend.allreduce_into(inputs, counts, outputs, dtype, op, pre, post, floor_by)
+        return outputs
+
+    def close(self) -> None:
+        """Release what the backends hold (collective: every rank's runtime calls it
+        after the same negotiated shutdown)."""
+        for backend in self.operations.backends:
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
+
+    def _through_fusion_buffer(self, first: Response, mine: list[Entry | None],
+                               counts: list[int], dtype: np.dtype, op: ReduceOp, backend,
+                               pre: float, post: float) -> None:
+        """Pack, reduce and copy out to the callers' outputs."""
+        buf = self.buffers.get(dtype, sum(counts))
+        self._phase("MEMCPY_IN_FUSION_BUFFER")
+        self._pack(buf, mine, counts, dtype, pre)
+        self._reduce(first, buf, counts, mine, op, backend)
+        self._unpack(buf, mine, counts, post)
+
+    def _reduce(self, first: Response, buf: np.ndarray, counts: list[int],
+                mine: list[Entry | None], op: ReduceOp, backend) -> None:
         for entry in mine:  # inputs are consumed: let the caller's thread free them
             if entry is not None:
                 entry.tensor = None
@@ -117,19 +183,49 @@ class Executor:
             self.adasum.allreduce(buf, counts)
         else:
             self._phase(f"{backend.name.upper()}_ALLREDUCE")
-            if total:
+            if buf.size:
                 backend.allreduce(buf, op)
         self._phase("MEMCPY_OUT_FUSION_BUFFER")
         if first.reduce_op == ReduceOp.AVERAGE and first.dtype not in FLOATING:
             np.floor_divide(buf, self.size, out=buf)
-        if not (single or owned):
-            _unpack(buf, mine, counts, post)  # scaled on the way out: one pass, not two
-            return [entry.output if entry is not None else None for entry in mine]
-        if post != 1.0:  # reduced where the caller reads it
+
+    def _pieces(self, counts: list[int], itemsize: int, backend, first: Response
+                ) -> list[tuple[int, int]]:
+        """Consecutive runs of a group's tensors, each about PIPELINE_PIECE_BYTES, to pack,
+        reduce and copy out one after the other: a 1 MiB fusion buffer stays in cache
+        where a 4 MiB one does not (256 x 16 KiB, 2 ranks: 1.5-1.9 ms against 2.0-2.3 ms).
+        One run when pieces would change the backend the group's size chose (the ring
+        is faster for large buffers). Every rank cuts at the same tensors."""
+        if len(counts) < 2 or sum(counts) * itemsize < 2 * PIPELINE_PIECE_BYTES or \
+                self._backend(RequestType.ALLREDUCE, first, PIPELINE_PIECE_BYTES) is not backend:
+            return [(0, len(counts))]
+        pieces, start, piece_bytes = [], 0, 0
+        for index, count in enumerate(counts):
+            piece_bytes += count * itemsize
+            if piece_bytes >= PIPELINE_PIECE_BYTES:
+                pieces.append((start, index + 1))
+                start, piece_bytes = index + 1, 0
+        if start < len(counts):
+            pieces.append((start, len(counts)))
+        return pieces
+
+    def _unpack(self, buf: np.ndarray, mine: list[Entry | None], counts: list[int],
+                post: float) -> None:
+        """The fusion buffer out to the callers' outputs, scaled by post: a few tensors
+        scale on the way out (one pass), many are copied out in one C call."""
+        if len(mine) < MIN_OUTPUTS:
+            offset = 0
+            for entry, count in zip(mine, counts):
+                if entry is not None:
+                    output = entry.output
+                    _scaled_copy(output, buf[offset:offset + count].reshape(output.shape),
+                                 post)
+                offset += count
+            return
+        if post != 1.0:
             np.multiply(buf, post, out=buf, casting="unsafe")
-        if single:
-            return [mine[0].output]
-        return _hand_out(buf, mine, group)
+        self.scatterer.copy_out(buf, [e.output if e is not None else None for e in mine],
+                                counts)
 
     def _scales(self, first: Response) -> tuple[float, float]:
         """(prescale, postscale) as applied; Average's 1/size joins one of them."""
@@ -145,9 +241,9 @@ class Executor:
         """All inputs into the fusion buffer: one C call, or one scaled copy per tensor
         (zeros for a joined rank)."""
         if prescale == 1.0:
-            parts = [entry.tensor.reshape(-1) if entry is not None else np.zeros(count, dtype)
+            parts = [entry.tensor if entry is not None else np.zeros(count, dtype)
                      for entry, count in zip(mine, counts)]
-            np.concatenate(parts, out=buf)
+            np.concatenate(parts, axis=None, out=buf)  # flattens in C
             return
         offset = 0
         for entry, count in zip(mine, counts):
@@ -226,16 +322,6 @@ class Executor:
 # depends on the response alone, so every rank contributes alike. The caller's own
 # prescale and postscale stay where Horovod puts them (Product, Min and Max need that).
 _DIVIDE_FIRST = frozenset({"float32", "float64"})
-
-
-def _unpack(buf: np.ndarray, mine: list[Entry | None], counts: list[int], post: float
-            ) -> None:
-    """The fusion buffer out to the callers' outputs, scaled by post."""
-    offset = 0
-    for entry, count in zip(mine, counts):
-        if entry is not None:
-            _scaled_copy(entry.output.reshape(-1), buf[offset:offset + count], post)
-        offset += count
 
 
 def _hand_out(block: np.ndarray, mine: list[Entry | None], group: list[Response]) -> list:

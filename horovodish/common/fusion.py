@@ -10,6 +10,7 @@ results (DistributedOptimizer's gradients) receive views of, saving the copy out
 """
 from __future__ import annotations
 
+import operator
 import sys
 
 import numpy as np
@@ -35,6 +36,24 @@ def plan_fusion(responses: list[Response], threshold: int) -> list[list[Response
             groups.append(group)
             open_groups[key] = (group, nbytes)
     return groups
+
+
+class FusionPlanner:
+    """plan_fusion, remembering the last plan: in steady state every cycle brings the
+    same cached response objects in the same order, and re-planning hundreds of small
+    tensors costs ~0.5 us each, more than checking that nothing changed."""
+
+    def __init__(self) -> None:
+        self._responses: list[Response] = []
+        self._threshold = -1
+        self._groups: list[list[Response]] = []
+
+    def plan(self, responses: list[Response], threshold: int) -> list[list[Response]]:
+        if not (threshold == self._threshold and len(responses) == len(self._responses)
+                and all(map(operator.is_, responses, self._responses))):
+            self._groups = plan_fusion(responses, threshold)
+            self._responses, self._threshold = responses, threshold
+        return self._groups
 
 
 class FusionBuffers:

@@ -9,19 +9,12 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
-from enum import Enum
 
 from .messages import Request, Response
 
 
-class CacheState(Enum):
-    MISS = 0
-    HIT = 1
-    INVALID = 2  # cached under this name, but this rank's request now differs
-
-
 @dataclass
-class _Cached:
+class CachedResponse:
     response: Response
     signature: Request | None  # this rank's request that produced it (None: rank had joined)
     bit: int
@@ -30,29 +23,27 @@ class _Cached:
 class ResponseCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._by_name: OrderedDict[str, _Cached] = OrderedDict()
-        self._by_bit: dict[int, _Cached] = {}
+        self._by_name: OrderedDict[str, CachedResponse] = OrderedDict()
+        self._by_bit: dict[int, CachedResponse] = {}
         self._free_bits: list[int] = list(range(capacity))  # smallest free bit first
 
     def __len__(self) -> int:
         return len(self._by_name)
 
-    def lookup(self, request: Request) -> tuple[CacheState, int]:
-        cached = self._by_name.get(request.name)
-        if cached is None:
-            return CacheState.MISS, -1
-        if cached.signature != request:
-            return CacheState.INVALID, cached.bit
-        return CacheState.HIT, cached.bit
+    def cached_as(self, name: str) -> CachedResponse | None:
+        """The cache entry for a name (the controller's per-tensor test, kept cheap)."""
+        return self._by_name.get(name)
 
-    def response(self, bit: int) -> Response:
-        return self._by_bit[bit].response
+    def take(self, bits: list[int]) -> list[Response]:
+        """The responses at these bits, in this order, each touched (most recent last)."""
+        by_bit, to_end = self._by_bit, self._by_name.move_to_end
+        responses = [by_bit[bit].response for bit in bits]
+        for response in responses:
+            to_end(response.name)
+        return responses
 
     def bits(self) -> list[tuple[int, Response]]:
         return [(bit, cached.response) for bit, cached in self._by_bit.items()]
-
-    def touch(self, bit: int) -> None:
-        self._by_name.move_to_end(self._by_bit[bit].response.name)
 
     def put(self, response: Response, signature: Request | None) -> None:
         """Insert (or refresh) a response; evicts the least recently used when full."""
@@ -65,7 +56,7 @@ class ResponseCache:
             _, oldest = next(iter(self._by_name.items()))
             self.erase(oldest.bit)
         bit = heapq.heappop(self._free_bits)
-        cached = _Cached(response, signature, bit)
+        cached = CachedResponse(response, signature, bit)
         self._by_name[response.name] = cached
         self._by_bit[bit] = cached
 

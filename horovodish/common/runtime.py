@@ -22,7 +22,8 @@ from .controller import Controller
 from .entry import Entry
 from .errors import HorovodInternalError
 from .executor import Executor
-from .fusion import plan_fusion
+from .fusion import FusionPlanner
+from .handles import Completions
 from .autotune import Autotuner
 from .messages import RequestType
 from .timeline import Timeline
@@ -43,7 +44,9 @@ class Runtime:
         self.cycle_time = cycle_time_ms / 1000.0
         self.rank = controller.rank
         self._stall_message = stall_message
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()  # taken directly on submit: a Condition's with costs more
+        self._cv = threading.Condition(self._lock)
+        self.completions = Completions(self.kick)
         self._queue: list[Entry] = []
         self._kicked = False
         self._idle_waiting = False
@@ -51,6 +54,7 @@ class Runtime:
         self._stopped = False
         self._stop_reason = ""
         self._in_flight: dict[str, Entry] = {}
+        self._planner = FusionPlanner()
         self.cycles = 0
         self.timeline: Timeline | None = None
         self.autotuner: Autotuner | None = None  # rank 0 only
@@ -60,7 +64,7 @@ class Runtime:
     # -- called from user threads ------------------------------------------------------
     def submit(self, entries: list[Entry]) -> None:
         """Enqueue entries atomically (a group negotiates in one cycle)."""
-        with self._cv:
+        with self._lock:
             if self._stopped:
                 raise HorovodInternalError(
                     f"horovodish has been shut down{self._stop_reason}; cannot run "
@@ -82,6 +86,19 @@ class Runtime:
             self._queue.extend(entries)
             if self._idle_waiting:
                 self._cv.notify()
+
+    def submit_one(self, entry: Entry) -> None:
+        """submit([entry]), minus the group bookkeeping."""
+        name = entry.request.name
+        with self._lock:
+            refused = self._stopped or name in self._in_flight
+            if not refused:
+                self._in_flight[name] = entry
+                self._queue.append(entry)
+                if self._idle_waiting:
+                    self._cv.notify()
+        if refused:
+            self.submit([entry])  # raises the error that says why
 
     def kick(self) -> None:
         """A caller is blocked on a handle: run the next cycle without waiting."""
@@ -135,6 +152,7 @@ class Runtime:
                 entry.handle.finish(error=HorovodInternalError(
                     f"horovodish was shut down{reason} while {entry.request.type.opname} of "
                     f"'{entry.request.name}' was in flight."))
+            self.completions.notify()
 
     def _loop(self) -> None:
         last_start = 0.0
@@ -159,8 +177,10 @@ class Runtime:
                 with self._cv:
                     entries = {r.name: self._in_flight.pop(r.name) for r in result.responses
                                if r.name in self._in_flight}
-                for group in plan_fusion(result.responses, self.fusion_threshold):
+                notify = self.completions.notify
+                for group in self._planner.plan(result.responses, self.fusion_threshold):
                     self.executor.execute(group, entries, ready_at)
+                    notify()
                 del entries
             # Drop this cycle's entries now, not when the next cycle rebinds them: they
             # hold the callers' input tensors (a training step's old gradients), whose
@@ -183,10 +203,14 @@ class Runtime:
                     self._stop_reason = (" by the stall inspector (some ranks never submitted "
                                          "a tensor the others did)" + (f": {detail}" if detail else ""))
                     self._end_job_after_grace()
-                elif not shutdown:
-                    ranks = ", ".join(map(str, result.shutdown_ranks)) or "?"
-                    self._stop_reason = (f" because rank {ranks} shut down (its script ended, "
-                                         "failed, or called shutdown())")
+                else:
+                    if not shutdown:
+                        ranks = ", ".join(map(str, result.shutdown_ranks)) or "?"
+                        self._stop_reason = (f" because rank {ranks} shut down (its script "
+                                             "ended, failed, or called shutdown())")
+                    # Every rank's runtime ends in this same cycle: collective clean-up
+                    # (the shared-memory window) is safe now.
+                    self.executor.close()
                 return
 
     def _end_job_after_grace(self, grace: float = 5.0) -> None:

@@ -28,6 +28,11 @@ def test_ring_backend_without_fusion_or_cache(np):
               "HOROVODISH_CACHE_CAPACITY": "0", "HOROVODISH_DYNAMIC_PROCESS_SETS": "1"})
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_shared_memory_backend_for_every_allreduce(np):
+    _run(np, {"HOROVODISH_CPU_OPERATIONS": "shm"})
+
+
 def test_mpi_backend_with_small_fusion_buffer_and_tiny_cache():
     _run(2, {"HOROVODISH_CPU_OPERATIONS": "mpi", "HOROVODISH_FUSION_THRESHOLD": "256",
              "HOROVODISH_CACHE_CAPACITY": "3"})

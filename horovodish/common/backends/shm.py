@@ -1,0 +1,212 @@
+"""Allreduce through memory shared by the ranks of one host.
+
+Every rank owns a segment of an MPI shared-memory window (MPI_Win_allocate_shared) that
+all ranks on the host can read. A fused allreduce then needs no messages at all:
+
+  1. each rank packs its inputs straight into its own segment (the copy a fusion buffer
+     needs anyway);
+  2. barrier; each rank reduces one slice across all segments, writing into rank 0's;
+  3. barrier; each rank copies the reduced data from rank 0's segment to its outputs
+     (again the copy a fusion buffer needs anyway).
+
+Against packing, MPI_Allreduce and unpacking, this skips MPI's own copies into and out of
+its shared-memory cells. Large groups go in pieces that alternate between two halves of
+each segment: a rank packs piece k+2 into a half only after the barrier of piece k+1,
+which every rank passes only once done with piece k. The segments stay small (cache-
+sized), and any dtype reduces (numpy does the arithmetic).
+
+Only for communicators whose ranks all share one host, decided collectively at start.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from mpi4py import MPI
+
+from ..messages import ReduceOp, RequestType
+from ..scatter import Scatterer
+from .base import Backend, reduce_ufunc
+
+log = logging.getLogger("horovodish")
+
+# Bytes per piece (per rank, per half of its segment). Measured on 2 ranks: 1 MiB pieces
+# keep pack, reduce and copy-out in cache (docs/tuning.md).
+PIECE_BYTES = 1 << 20
+# Smaller allreduces go to MPI: two barriers cost more than MPI's own small-message path.
+SHM_THRESHOLD = 64 << 10
+
+
+class SharedMemoryBackend(Backend):
+    name = "shm"
+
+    def __init__(self, comm: MPI.Comm, mode: str | None, threshold: int = SHM_THRESHOLD,
+                 piece_bytes: int = PIECE_BYTES) -> None:
+        self.mode = mode
+        self.threshold = threshold
+        self.piece_bytes = piece_bytes
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self._window: MPI.Win | None = None
+        self._segments: list[np.ndarray] = []
+        self._node: MPI.Comm | None = None
+        self._scatterer = Scatterer()
+        self._pieces = 0  # pieces reduced so far; its parity picks the half to use
+        if mode in (None, "shm") and self.size > 1:
+            self._open(comm)
+
+    @property
+    def available(self) -> bool:
+        return self._window is not None
+
+    def _open(self, comm: MPI.Comm) -> None:
+        """Collective over comm: every rank ends up with the window, or none does."""
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        window, error = None, ""
+        if node.Get_size() == self.size:
+            try:
+                window = MPI.Win.Allocate_shared(2 * self.piece_bytes, 1, comm=node)
+            except MPI.Exception as exc:
+                error = str(exc)
+        else:
+            error = "the ranks span more than one host"
+        if not comm.allreduce(window is not None, op=MPI.LAND):
+            if window is not None:
+                window.Free()
+            node.Free()
+            if error and self.mode == "shm":
+                log.warning("shared-memory allreduce unavailable (%s); using MPI", error)
+            return
+        self._segments = []
+        for rank in range(self.size):
+            memory, _ = window.Shared_query(rank)
+            self._segments.append(np.frombuffer(memory, dtype=np.uint8,
+                                                count=2 * self.piece_bytes))
+        window.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch for Sync(): memory barriers
+        self._window, self._node = window, node
+
+    def close(self) -> None:
+        if self._window is not None:
+            self._window.Unlock_all()
+            self._segments = []
+            self._window.Free()
+            self._window = None
+            self._node.Free()
+
+    def enabled(self, kind: RequestType, dtype: str, nbytes: int) -> bool:
+        if kind != RequestType.ALLREDUCE or self._window is None:
+            return False
+        return self.mode == "shm" or (self.mode is None and nbytes >= self.threshold)
+
+    def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
+        flat = buf.reshape(-1)
+        self.allreduce_into([flat], [flat.size], [flat], flat.dtype, op)
+
+    def allreduce_into(self, inputs: list[np.ndarray | None], counts: list[int],
+                       outputs: list[np.ndarray | None] | np.ndarray, dtype: np.dtype,
+                       op: ReduceOp, prescale: float = 1.0, postscale: float = 1.0,
+                       floor_divide_by: int = 0) -> None:
+        """Reduce the concatenation of inputs (None: zeros, for a rank that joined) into
+        outputs: one array per input (None: not wanted), or one flat array for all.
+        Arrays of dtype; outputs C-contiguous. Inputs are scaled by prescale, results by
+        postscale, and integer results floor-divided by floor_divide_by when given.
+        Every rank calls it with the same counts."""
+        window, barrier = self._window, self._node.Barrier
+        itemsize = dtype.itemsize
+        ufunc = reduce_ufunc(dtype, op)
+        joined = any(source is None for source in inputs)
+        block = outputs if isinstance(outputs, np.ndarray) else None
+        for first, end, low, high, offset in _plan(counts, self.piece_bytes // itemsize):
+            count = high - low if low >= 0 else sum(counts[first:end])
+            # Halves alternate across calls too: a rank done with one call must not pack
+            # into the half that a slower rank is still copying the last results from.
+            self._pieces += 1
+            half = (self._pieces % 2) * self.piece_bytes
+            views = [segment[half:half + count * itemsize].view(dtype)
+                     for segment in self._segments]
+            mine = views[self.rank]
+            if low >= 0:  # part of one large tensor
+                _pack_part(mine, inputs[first], low, high, prescale)
+            elif prescale == 1.0 and not joined:
+                np.concatenate(inputs[first:end], axis=None, out=mine)  # flattens in C
+            else:
+                _pack_run(mine, inputs[first:end], counts[first:end], prescale)
+            window.Sync()
+            barrier()
+            window.Sync()
+            start, stop = count * self.rank // self.size, count * (self.rank + 1) // self.size
+            reduced = views[0][start:stop]
+            for other in views[1:]:
+                ufunc(reduced, other[start:stop], out=reduced)
+            if floor_divide_by:
+                np.floor_divide(reduced, floor_divide_by, out=reduced)
+            if postscale != 1.0:
+                np.multiply(reduced, postscale, out=reduced, casting="unsafe")
+            window.Sync()
+            barrier()
+            window.Sync()
+            result = views[0]
+            if block is not None:
+                np.copyto(block[offset:offset + count], result)
+            elif low >= 0:
+                _unpack_part(result, outputs[first], low, high)
+            else:
+                self._scatterer.copy_out(result, outputs[first:end], counts[first:end])
+
+
+def _plan(counts: list[int], step: int) -> list[tuple[int, int, int, int, int]]:
+    """Pieces of at most step elements, as (first, end, low, high, offset): the whole
+    tensors first..end-1 (low = high = -1), or elements [low, high) of tensor first
+    alone (one larger than a piece). offset: where the piece starts in the
+    concatenation. Every rank plans the same pieces from the same counts."""
+    pieces = []
+    first, run, offset = 0, 0, 0
+    for index, count in enumerate(counts):
+        if count > step:
+            if index > first:
+                pieces.append((first, index, -1, -1, offset - run))
+            for low in range(0, count, step):
+                pieces.append((index, index + 1, low, min(low + step, count), offset + low))
+            first, run = index + 1, 0
+        elif run + count > step:
+            pieces.append((first, index, -1, -1, offset - run))
+            first, run = index, count
+        else:
+            run += count
+        offset += count
+    if len(counts) > first and run:
+        pieces.append((first, len(counts), -1, -1, offset - run))
+    return pieces
+
+
+def _pack_run(target: np.ndarray, inputs: list[np.ndarray | None], counts: list[int],
+              prescale: float) -> None:
+    """Whole tensors one by one: scaled, or zeros for a rank that joined."""
+    offset = 0
+    for source, count in zip(inputs, counts):
+        part = target[offset:offset + count]
+        if source is None:
+            part.fill(0)
+        elif prescale == 1.0:
+            np.copyto(part, source.reshape(-1))
+        else:
+            np.multiply(source.reshape(-1), prescale, out=part, casting="unsafe")
+        offset += count
+
+
+def _pack_part(target: np.ndarray, source: np.ndarray | None, low: int, high: int,
+               prescale: float) -> None:
+    if source is None:
+        target.fill(0)
+    elif prescale == 1.0:
+        np.copyto(target, source.reshape(-1)[low:high])
+    else:
+        np.multiply(source.reshape(-1)[low:high], prescale, out=target, casting="unsafe")
+
+
+def _unpack_part(result: np.ndarray, output: np.ndarray | None, low: int, high: int) -> None:
+    if output is None:
+        return
+    if output.flags.c_contiguous:
+        np.copyto(output.reshape(-1)[low:high], result)
+    else:  # a strided output has no flat view to write through
+        output.flat[low:high] = result
