@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 from .messages import Request, Response
 
@@ -26,13 +27,12 @@ class ResponseCache:
         self._by_name: OrderedDict[str, CachedResponse] = OrderedDict()
         self._by_bit: dict[int, CachedResponse] = {}
         self._free_bits: list[int] = list(range(capacity))  # smallest free bit first
+        # cached_as(name): the entry for a name, or None. The dict's own get: this is the
+        # controller's per-tensor test, and a method around it would double its cost.
+        self.cached_as: Callable[[str], CachedResponse | None] = self._by_name.get
 
     def __len__(self) -> int:
         return len(self._by_name)
-
-    def cached_as(self, name: str) -> CachedResponse | None:
-        """The cache entry for a name (the controller's per-tensor test, kept cheap)."""
-        return self._by_name.get(name)
 
     def take(self, bits: list[int]) -> list[Response]:
         """The responses at these bits, in this order, each touched (most recent last)."""

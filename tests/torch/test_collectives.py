@@ -33,6 +33,11 @@ def test_shared_memory_backend_for_every_allreduce(np):
     _run(np, {"HOROVODISH_CPU_OPERATIONS": "shm"})
 
 
+def test_mpi_backend_with_default_fusion():
+    """Without shared memory (as across hosts) large fused groups go in pieces."""
+    _run(2, {"HOROVODISH_CPU_OPERATIONS": "mpi"})
+
+
 def test_mpi_backend_with_small_fusion_buffer_and_tiny_cache():
     _run(2, {"HOROVODISH_CPU_OPERATIONS": "mpi", "HOROVODISH_FUSION_THRESHOLD": "256",
              "HOROVODISH_CACHE_CAPACITY": "3"})

@@ -239,11 +239,17 @@ def test_out_of_order_and_burst(rank: int, size: int) -> None:
     for i, n in enumerate(names):
         same(hvd.synchronize(handles[n]), np.full(i % 7 + 1, sum(r + i for r in range(size)),
                                                     dtype=np.float64), n)
+    # Every third tensor 16 KiB, so that the fused group (~3 MiB) goes in pieces; every
+    # other one in place (results copied back into the callers' tensors).
+    def burst_tensor(i: int) -> torch.Tensor:
+        return torch.full((4096 if i % 3 == 0 else 16,), float(rank * i))
+
     for step in range(2):  # twice: the second burst runs from the response cache
-        handles = [hvd.allreduce_async(torch.full((16,), float(rank * i)), name=f"burst.{i}",
-                                       op=hvd.Sum) for i in range(600)]
+        handles = [(hvd.allreduce_async_ if i % 2 else hvd.allreduce_async)(
+            burst_tensor(i), name=f"burst.{i}", op=hvd.Sum) for i in range(600)]
         for i, h in enumerate(handles):
-            same(hvd.synchronize(h), np.full(16, sum(r * i for r in range(size)),
+            same(hvd.synchronize(h), np.full(4096 if i % 3 == 0 else 16,
+                                             sum(r * i for r in range(size)),
                                              dtype=np.float64), f"burst {i}")
     check(all(hvd.poll(h) is not None for h in []), "")
 

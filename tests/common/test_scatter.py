@@ -1,0 +1,48 @@
+"""Copying a fused buffer out to many outputs (one MPI datatype call, or a loop)."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from horovodish.common.scatter import MIN_OUTPUTS, Scatterer
+
+
+def _layout(count: int, dtype) -> tuple[list, list[int], np.ndarray]:
+    rng = np.random.default_rng(count)
+    counts = [int(c) for c in rng.integers(0, 40, count)]
+    buf = np.arange(sum(counts)).astype(dtype)
+    outputs: list = []
+    for i, c in enumerate(counts):
+        if i % 7 == 3:
+            outputs.append(None)  # not wanted (a rank that joined)
+        elif i % 5 == 1 and c:
+            outputs.append(np.zeros((c, 2), dtype)[:, 1])  # strided
+        elif i % 4 == 2 and c % 2 == 0 and c:
+            outputs.append(np.zeros((2, c // 2), dtype))  # 2-D
+        else:
+            outputs.append(np.zeros(c, dtype))
+    return outputs, counts, buf
+
+
+@pytest.mark.parametrize("count", [3, MIN_OUTPUTS, 200])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_, ml_dtypes.bfloat16])
+def test_each_output_gets_its_slice(count, dtype):
+    outputs, counts, buf = _layout(count, dtype)
+    Scatterer().copy_out(buf, outputs, counts)
+    offset = 0
+    for output, c in zip(outputs, counts):
+        if output is not None:
+            assert np.array_equal(output.reshape(-1), buf[offset:offset + c]), (offset, c)
+        offset += c
+
+
+def test_contiguous_outputs_take_the_single_call():
+    """The datatype path (not the loop) handles a batch of contiguous outputs."""
+    outputs = [np.zeros(8, np.float32) for _ in range(MIN_OUTPUTS)]
+    buf = np.arange(8 * MIN_OUTPUTS, dtype=np.float32)
+    scatterer = Scatterer()
+    assert scatterer._by_datatype(buf, outputs, [8] * MIN_OUTPUTS)
+    assert np.array_equal(np.concatenate(outputs), buf)
+    strided = [np.zeros((8, 2), np.float32)[:, 0]] + outputs[1:]
+    assert not scatterer._by_datatype(buf, strided, [8] * MIN_OUTPUTS)  # the loop's job
