@@ -87,8 +87,8 @@ class Executor:
             return [response.last_joined]
         return [None]  # barrier: negotiation itself waited for every rank
 
-    def _backend(self, kind: RequestType, response: Response, nbytes: int):
-        return self.operations.choose(kind, response.dtype, nbytes)
+    def _backend(self, kind: RequestType, response: Response, nbytes: int, tensors: int = 1):
+        return self.operations.choose(kind, response.dtype, nbytes, tensors)
 
     def _phase(self, phase: str) -> None:
         """Mark the start of a timeline phase; it lasts until the next mark."""
@@ -102,7 +102,8 @@ class Executor:
         counts = [r.count for r in group]
         total = sum(counts)
         op = ReduceOp.SUM if first.reduce_op == ReduceOp.AVERAGE else first.reduce_op
-        backend = self._backend(RequestType.ALLREDUCE, first, total * dtype.itemsize)
+        backend = self._backend(RequestType.ALLREDUCE, first, total * dtype.itemsize,
+                                len(group))
         pre, post = self._scales(first)
         # Some caller lets the runtime own its result: reduce in a result block.
         owned = any(entry is not None and entry.output is None for entry in mine)
@@ -139,10 +140,15 @@ class Executor:
                           owned: bool) -> list:
         """Inputs packed straight into shared memory, results copied straight out: no
         fusion buffer of our own."""
-        inputs = []
+        inputs: list[np.ndarray | None] = []
+        outputs: list[np.ndarray | None] = []
         for entry in mine:
-            inputs.append(entry.tensor if entry is not None else None)
-            if entry is not None:
+            if entry is None:
+                inputs.append(None)
+                outputs.append(None)
+            else:
+                inputs.append(entry.tensor)
+                outputs.append(entry.output)
                 entry.tensor = None  # consumed (the list holds it until packed)
         floor_by = self.size if first.reduce_op == ReduceOp.AVERAGE and \
             first.dtype not in FLOATING else 0
@@ -151,7 +157,6 @@ class Executor:
             block = self.result_blocks.take(dtype, sum(counts))
             backend.allreduce_into(inputs, counts, block, dtype, op, pre, post, floor_by)
             return _hand_out(block, mine, group)
-        outputs = [entry.output if entry is not None else None for entry in mine]
         backend.allreduce_into(inputs, counts, outputs, dtype, op, pre, post, floor_by)
         return outputs
 
@@ -197,7 +202,8 @@ class Executor:
         One run when pieces would change the backend the group's size chose (the ring
         is faster for large buffers). Every rank cuts at the same tensors."""
         if len(counts) < 2 or sum(counts) * itemsize < 2 * PIPELINE_PIECE_BYTES or \
-                self._backend(RequestType.ALLREDUCE, first, PIPELINE_PIECE_BYTES) is not backend:
+                self._backend(RequestType.ALLREDUCE, first, PIPELINE_PIECE_BYTES,
+                              len(counts)) is not backend:
             return [(0, len(counts))]
         pieces, start, piece_bytes = [], 0, 0
         for index, count in enumerate(counts):

@@ -9,8 +9,8 @@ class OperationManager:
     def __init__(self, backends: list[Backend]) -> None:
         self.backends = backends
 
-    def choose(self, kind: RequestType, dtype: str, nbytes: int) -> Backend:
+    def choose(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1) -> Backend:
         for backend in self.backends:
-            if backend.enabled(kind, dtype, nbytes):
+            if backend.enabled(kind, dtype, nbytes, tensors):
                 return backend
         raise RuntimeError(f"no backend can run {kind.opname} on {dtype} data")

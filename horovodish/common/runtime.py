@@ -175,8 +175,9 @@ class Runtime:
                     for response in result.responses:
                         timeline.negotiate_end(response.name)
                 with self._cv:
-                    entries = {r.name: self._in_flight.pop(r.name) for r in result.responses
-                               if r.name in self._in_flight}
+                    pop = self._in_flight.pop
+                    entries = {r.name: entry for r in result.responses
+                               if (entry := pop(r.name, None)) is not None}
                 notify = self.completions.notify
                 for group in self._planner.plan(result.responses, self.fusion_threshold):
                     self.executor.execute(group, entries, ready_at)

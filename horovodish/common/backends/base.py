@@ -33,8 +33,9 @@ class Backend(ABC):
     name: str = "?"
 
     @abstractmethod
-    def enabled(self, kind: RequestType, dtype: str, nbytes: int) -> bool:
-        """Whether this backend should run this collective on this data."""
+    def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1) -> bool:
+        """Whether this backend should run this collective on this data (nbytes in all,
+        from this many tensors fused)."""
 
     def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
         raise NotImplementedError

@@ -34,7 +34,7 @@ class RingBackend(Backend):
         self.mode = mode
         self._scratch = np.empty(0, dtype=np.uint8)
 
-    def enabled(self, kind: RequestType, dtype: str, nbytes: int) -> bool:
+    def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1) -> bool:
         if kind not in _REDUCING:
             return False
         if dtype not in MPI_REDUCIBLE or self.mode == "ring":
