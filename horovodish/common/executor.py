@@ -110,10 +110,12 @@ class Executor:
         if isinstance(backend, SharedMemoryBackend) and op != ReduceOp.ADASUM:
             return self._allreduce_shared(backend, first, group, mine, counts, dtype, op,
                                           pre, post, owned)
+        # The collectives must be the same on every rank, so pieces follow from the group
+        # alone, never from rank-local facts (whether this rank owns results, has joined).
+        pieces = [(0, len(group))] if op == ReduceOp.ADASUM else \
+            self._pieces(counts, dtype.itemsize, backend, first)
         single = not owned and len(group) == 1 and mine[0] is not None
         if not (single or owned):
-            pieces = [(0, len(group))] if op == ReduceOp.ADASUM else \
-                self._pieces(counts, dtype.itemsize, backend, first)
             for start, end in pieces:
                 self._through_fusion_buffer(first, mine[start:end], counts[start:end], dtype,
                                             op, backend, pre, post)
@@ -123,11 +125,17 @@ class Executor:
         else:
             buf = mine[0].output.reshape(-1)
         self._phase("MEMCPY_IN_FUSION_BUFFER")
-        if single:
+        if single:  # one tensor: one piece
             _scaled_copy(buf, mine[0].tensor.reshape(-1), pre)
-        else:
-            self._pack(buf, mine, counts, dtype, pre)
-        self._reduce(first, buf, counts, mine, op, backend)
+            self._reduce(first, buf, counts, mine, op, backend)
+        else:  # in the same pieces, though the result block is contiguous
+            offset = 0
+            for start, end in pieces:
+                size = sum(counts[start:end])
+                part = buf[offset:offset + size]
+                self._pack(part, mine[start:end], counts[start:end], dtype, pre)
+                self._reduce(first, part, counts[start:end], mine[start:end], op, backend)
+                offset += size
         if post != 1.0:  # reduced where the caller reads it
             np.multiply(buf, post, out=buf, casting="unsafe")
         if single:

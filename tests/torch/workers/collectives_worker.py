@@ -215,6 +215,18 @@ def test_runtime_owned_results(rank: int, size: int) -> None:
                 got = hvd.allreduce(inputs[rank], name=name, op=op, prescale_factor=pre,
                                     postscale_factor=post)
             same(got, allreduce_reference(inputs, op, pre, post, dtype, size), name)
+    # ... also in a fused group large enough to go in pieces (~3 MiB): the pieces, and so
+    # the collectives, must not depend on which API a rank used.
+    names = [f"own.big.{i}" for i in range(24)]
+    inputs = [[data(r, n, (32768,), torch.float32) for n in names] for r in range(size)]
+    if rank % 2 == 0:
+        got = mpi_ops.synchronize(mpi_ops.grouped_allreduce_into_runtime_async(
+            inputs[rank], name=names, op=hvd.Sum))
+    else:
+        got = hvd.grouped_allreduce(inputs[rank], name=names, op=hvd.Sum)
+    for i, name in enumerate(names):
+        same(got[i], allreduce_reference([inputs[r][i] for r in range(size)], hvd.Sum, 1.0,
+                                         1.0, torch.float32, size), name)
     first = mpi_ops.synchronize(mpi_ops.grouped_allreduce_into_runtime_async(
         [torch.full((1000,), float(rank))], name=["own.keep"], op=hvd.Sum))[0]
     second = mpi_ops.synchronize(mpi_ops.grouped_allreduce_into_runtime_async(
