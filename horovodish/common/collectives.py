@@ -55,6 +55,17 @@ def _require_first_dim(tensor: np.ndarray, opname: str, name: str) -> None:
                          "to split or gather along; reshape it to (1,).")
 
 
+def _check_output(tensor: np.ndarray, output: np.ndarray | None, opname: str,
+                  name: str) -> None:
+    """An output must match its input: results are copied into it without checks."""
+    if output is not None and output is not tensor and (
+            output.shape != tensor.shape or output.dtype != tensor.dtype):
+        raise ValueError(
+            f"{opname} of tensor '{name}': the output has shape {tuple(output.shape)} and "
+            f"dtype {output.dtype} but the input has shape {tuple(tensor.shape)} and dtype "
+            f"{tensor.dtype}; they must match.")
+
+
 def _submit(entries: list[Entry], process_set: ProcessSet) -> list[Handle]:
     process_set.runtime.submit(entries)
     return [entry.handle for entry in entries]
@@ -106,11 +117,12 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray],
     kind = _ALLREDUCE
     op, prescale, postscale = _reduction_args(kind, op, prescale, postscale,
                                               names[0] if names else "", process_set)
-    entries = [
-        Entry(reduction_request(kind, name, tensor, op, prescale, postscale, device), tensor,
-              Handle(name, completions), output=output)
-        for tensor, output, name in zip(tensors, outputs, names)
-    ]
+    entries = []
+    for tensor, output, name in zip(tensors, outputs, names):
+        _check_output(tensor, output, "allreduce", name)
+        entries.append(Entry(reduction_request(kind, name, tensor, op, prescale, postscale,
+                                               device), tensor, Handle(name, completions),
+                             output=output))
     return _submit(entries, process_set)
 
 
@@ -120,6 +132,7 @@ def allreduce_async(tensor: np.ndarray, output: np.ndarray, name: str, op: Reduc
     # The grouped call for one tensor, without its lists: bursts of single submits are
     # the pattern to be fast for (a few microseconds each).
     process_set = resolve(process_set)
+    _check_output(tensor, output, "allreduce", name)
     if type(op) is not ReduceOp or op is _ADASUM or type(prescale) is not float \
             or type(postscale) is not float:
         op, prescale, postscale = _reduction_args(_ALLREDUCE, op, prescale, postscale, name,
@@ -158,6 +171,7 @@ def broadcast_async(tensor: np.ndarray, output: np.ndarray, root_rank: int, name
         raise ValueError(f"broadcast of tensor '{name}': root_rank {root_rank} is out of range "
                          f"for {size} ranks (valid: 0..{size - 1}).")
     root = process_set.set_rank_of(int(root_rank), f"broadcast of tensor '{name}': root_rank")
+    _check_output(tensor, output, "broadcast", name)
     request = _request(RequestType.BROADCAST, name, tensor, device, root_rank=root)
     entry = Entry(request, tensor, Handle(name, process_set.runtime.completions), output=output)
     return _submit([entry], process_set)[0]

@@ -24,6 +24,10 @@ from .scatter import MIN_OUTPUTS, Scatterer
 from .timeline import Timeline, now_us
 
 
+class _CopyFailed(Exception):
+    """A local copy into or out of the fusion buffer failed; the collective still ran."""
+
+
 # Pack / reduce / copy out a large group in pieces of about this size (see _pieces).
 PIPELINE_PIECE_BYTES = 1 << 20
 
@@ -114,11 +118,19 @@ class Executor:
         # alone, never from rank-local facts (whether this rank owns results, has joined).
         pieces = [(0, len(group))] if op == ReduceOp.ADASUM else \
             self._pieces(counts, dtype.itemsize, backend, first)
-        single = not owned and len(group) == 1 and mine[0] is not None
+        # One tensor reduces in its output, if that has a flat view.
+        single = not owned and len(group) == 1 and mine[0] is not None and \
+            mine[0].output.flags.c_contiguous
         if not (single or owned):
-            for start, end in pieces:
-                self._through_fusion_buffer(first, mine[start:end], counts[start:end], dtype,
-                                            op, backend, pre, post)
+            failure = None
+            for start, end in pieces:  # a failed copy must not skip a later collective
+                try:
+                    self._through_fusion_buffer(first, mine[start:end], counts[start:end],
+                                                dtype, op, backend, pre, post)
+                except _CopyFailed as exc:
+                    failure = failure or exc.__cause__
+            if failure is not None:
+                raise failure
             return [entry.output if entry is not None else None for entry in mine]
         if owned:
             buf = self.result_blocks.take(dtype, total)
@@ -129,13 +141,19 @@ class Executor:
             _scaled_copy(buf, mine[0].tensor.reshape(-1), pre)
             self._reduce(first, buf, counts, mine, op, backend)
         else:  # in the same pieces, though the result block is contiguous
-            offset = 0
+            offset, failure = 0, None
             for start, end in pieces:
                 size = sum(counts[start:end])
                 part = buf[offset:offset + size]
-                self._pack(part, mine[start:end], counts[start:end], dtype, pre)
+                try:
+                    self._pack(part, mine[start:end], counts[start:end], dtype, pre)
+                except Exception as exc:  # never skip a collective the others will run
+                    failure = failure or exc
+                    part.fill(0)
                 self._reduce(first, part, counts[start:end], mine[start:end], op, backend)
                 offset += size
+            if failure is not None:
+                raise failure
         if post != 1.0:  # reduced where the caller reads it
             np.multiply(buf, post, out=buf, casting="unsafe")
         if single:
@@ -175,6 +193,7 @@ class Executor:
             close = getattr(backend, "close", None)
             if close is not None:
                 close()
+        self.scatterer.close()
 
     def _through_fusion_buffer(self, first: Response, mine: list[Entry | None],
                                counts: list[int], dtype: np.dtype, op: ReduceOp, backend,
@@ -182,9 +201,17 @@ class Executor:
         """Pack, reduce and copy out to the callers' outputs."""
         buf = self.buffers.get(dtype, sum(counts))
         self._phase("MEMCPY_IN_FUSION_BUFFER")
-        self._pack(buf, mine, counts, dtype, pre)
+        try:
+            self._pack(buf, mine, counts, dtype, pre)
+        except Exception as exc:
+            buf.fill(0)  # still take part in the collective, contributing nothing
+            self._reduce(first, buf, counts, mine, op, backend)
+            raise _CopyFailed() from exc
         self._reduce(first, buf, counts, mine, op, backend)
-        self._unpack(buf, mine, counts, post)
+        try:
+            self._unpack(buf, mine, counts, post)
+        except Exception as exc:
+            raise _CopyFailed() from exc
 
     def _reduce(self, first: Response, buf: np.ndarray, counts: list[int],
                 mine: list[Entry | None], op: ReduceOp, backend) -> None:
@@ -348,7 +375,7 @@ def _hand_out(block: np.ndarray, mine: list[Entry | None], group: list[Response]
         if entry is None:
             results.append(None)
         elif entry.output is not None:
-            np.copyto(entry.output.reshape(-1), part)
+            np.copyto(entry.output, part.reshape(entry.output.shape))
             results.append(entry.output)
         else:
             results.append(part.reshape(response.shape))

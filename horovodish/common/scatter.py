@@ -21,6 +21,11 @@ class Scatterer:
     def __init__(self) -> None:
         self._comm: MPI.Comm | None = None
 
+    def close(self) -> None:
+        if self._comm is not None:
+            self._comm.Free()
+            self._comm = None
+
     def copy_out(self, buf: np.ndarray, outputs: list[np.ndarray | None],
                  counts: list[int]) -> None:
         """outputs[i] (None: skipped) gets counts[i] elements of buf, in order."""
@@ -34,8 +39,9 @@ class Scatterer:
 
     def _by_datatype(self, buf: np.ndarray, outputs: list[np.ndarray | None],
                      counts: list[int]) -> bool:
-        """One self-message from buf to the outputs; False when some output is not
-        C-contiguous (then the caller loops)."""
+        """One self-message from buf to the outputs; False when some output is not a
+        C-contiguous array of buf's dtype and of exactly its count (then the caller
+        loops, and np.copyto casts or raises as it should)."""
         itemsize = buf.itemsize
         lengths: list[int] = []
         addresses: list[int] = []
@@ -44,7 +50,8 @@ class Scatterer:
         get_address = MPI.Get_address
         for output, count in zip(outputs, counts):
             if output is not None and count:
-                if not output.flags.c_contiguous:
+                if output.size != count or output.dtype != buf.dtype or \
+                        not output.flags.c_contiguous:
                     return False
                 lengths.append(count * itemsize)
                 addresses.append(get_address(output))

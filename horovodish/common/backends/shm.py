@@ -34,6 +34,8 @@ log = logging.getLogger("horovodish")
 # Bytes per piece (per rank, per half of its segment). Measured on 2 ranks: 1 MiB pieces
 # keep pack, reduce and copy-out in cache (docs/tuning.md).
 PIECE_BYTES = 1 << 20
+# After each rank's two halves: a flag that says its input could not be packed.
+_FLAG_BYTES = 8
 # Smaller allreduces go to MPI: two barriers cost more than MPI's own small-message path.
 SHM_THRESHOLD = 64 << 10
 
@@ -51,6 +53,7 @@ class SharedMemoryBackend(Backend):
         self._segments: list[np.ndarray] = []
         self._node: MPI.Comm | None = None
         self._scatterer = Scatterer()
+        self._failed: list[np.ndarray] = []  # per rank: "my input did not pack" flags
         self._pieces = 0  # pieces reduced so far; its parity picks the half to use
         if mode in (None, "shm") and self.size > 1:
             self._open(comm)
@@ -65,7 +68,8 @@ class SharedMemoryBackend(Backend):
         window, error = None, ""
         if node.Get_size() == self.size:
             try:
-                window = MPI.Win.Allocate_shared(2 * self.piece_bytes, 1, comm=node)
+                window = MPI.Win.Allocate_shared(2 * self.piece_bytes + _FLAG_BYTES, 1,
+                                                 comm=node)
             except MPI.Exception as exc:
                 error = str(exc)
         else:
@@ -77,21 +81,24 @@ class SharedMemoryBackend(Backend):
             if error and self.mode == "shm":
                 log.warning("shared-memory allreduce unavailable (%s); using MPI", error)
             return
-        self._segments = []
+        self._segments, self._failed = [], []
         for rank in range(self.size):
             memory, _ = window.Shared_query(rank)
-            self._segments.append(np.frombuffer(memory, dtype=np.uint8,
-                                                count=2 * self.piece_bytes))
+            whole = np.frombuffer(memory, dtype=np.uint8,
+                                  count=2 * self.piece_bytes + _FLAG_BYTES)
+            self._segments.append(whole[:2 * self.piece_bytes])
+            self._failed.append(whole[2 * self.piece_bytes:].view(np.int64))
         window.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch for Sync(): memory barriers
         self._window, self._node = window, node
 
     def close(self) -> None:
         if self._window is not None:
             self._window.Unlock_all()
-            self._segments = []
+            self._segments, self._failed = [], []
             self._window.Free()
             self._window = None
             self._node.Free()
+        self._scatterer.close()
 
     def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1) -> bool:
         """Fused groups only, unless forced: what this saves is a fusion buffer's pack
@@ -116,8 +123,16 @@ class SharedMemoryBackend(Backend):
         outputs: one array per input (None: not wanted), or one flat array for all.
         Arrays of dtype; outputs C-contiguous. Inputs are scaled by prescale, results by
         postscale, and integer results floor-divided by floor_divide_by when given.
-        Every rank calls it with the same counts."""
+        Every rank calls it with the same counts.
+
+        A copy that fails on this rank never skips a barrier (the ranks would fall out of
+        step): the loop runs to the end and then raises. A failed pack is flagged in
+        shared memory, so that every rank raises (its sum would be wrong); a failed copy
+        out only affects this rank."""
         window, barrier = self._window, self._node.Barrier
+        failure: Exception | None = None
+        failed_ranks: set[int] = set()
+        my_flag = self._failed[self.rank]
         itemsize = dtype.itemsize
         ufunc = reduce_ufunc(dtype, op)
         joined = any(source is None for source in inputs)
@@ -131,15 +146,21 @@ class SharedMemoryBackend(Backend):
             views = [segment[half:half + count * itemsize].view(dtype)
                      for segment in self._segments]
             mine = views[self.rank]
-            if low >= 0:  # part of one large tensor
-                _pack_part(mine, inputs[first], low, high, prescale)
-            elif prescale == 1.0 and not joined:
-                np.concatenate(inputs[first:end], axis=None, out=mine)  # flattens in C
-            else:
-                _pack_run(mine, inputs[first:end], counts[first:end], prescale)
+            try:
+                if low >= 0:  # part of one large tensor
+                    _pack_part(mine, inputs[first], low, high, prescale)
+                elif prescale == 1.0 and not joined:
+                    np.concatenate(inputs[first:end], axis=None, out=mine)  # flattens in C
+                else:
+                    _pack_run(mine, inputs[first:end], counts[first:end], prescale)
+                my_flag[0] = 0
+            except Exception as exc:
+                failure = failure or exc
+                my_flag[0] = 1
             window.Sync()
             barrier()
             window.Sync()
+            failed_ranks.update(rank for rank, flag in enumerate(self._failed) if flag[0])
             start, stop = count * self.rank // self.size, count * (self.rank + 1) // self.size
             reduced = views[0][start:stop]
             for other in views[1:]:
@@ -152,12 +173,21 @@ class SharedMemoryBackend(Backend):
             barrier()
             window.Sync()
             result = views[0]
-            if block is not None:
-                np.copyto(block[offset:offset + count], result)
-            elif low >= 0:
-                _unpack_part(result, outputs[first], low, high)
-            else:
-                self._scatterer.copy_out(result, outputs[first:end], counts[first:end])
+            try:
+                if block is not None:
+                    np.copyto(block[offset:offset + count], result)
+                elif low >= 0:
+                    _unpack_part(result, outputs[first], low, high)
+                else:
+                    self._scatterer.copy_out(result, outputs[first:end], counts[first:end])
+            except Exception as exc:
+                failure = failure or exc
+        if failed_ranks - {self.rank}:
+            ranks = ", ".join(map(str, sorted(failed_ranks)))
+            raise RuntimeError(f"rank {ranks} could not copy its input into shared memory"
+                               + (f" ({failure})" if failure else ""))
+        if failure is not None:
+            raise failure
 
 
 def _plan(counts: list[int], step: int) -> list[tuple[int, int, int, int, int]]:
@@ -204,10 +234,13 @@ def _pack_part(target: np.ndarray, source: np.ndarray | None, low: int, high: in
                prescale: float) -> None:
     if source is None:
         target.fill(0)
-    elif prescale == 1.0:
-        np.copyto(target, source.reshape(-1)[low:high])
+        return
+    # A strided source has no flat view: .flat copies just this part, not all of it.
+    part = source.reshape(-1)[low:high] if source.flags.c_contiguous else source.flat[low:high]
+    if prescale == 1.0:
+        np.copyto(target, part)
     else:
-        np.multiply(source.reshape(-1)[low:high], prescale, out=target, casting="unsafe")
+        np.multiply(part, prescale, out=target, casting="unsafe")
 
 
 def _unpack_part(result: np.ndarray, output: np.ndarray | None, low: int, high: int) -> None:

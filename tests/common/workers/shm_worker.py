@@ -99,6 +99,30 @@ def main() -> None:
         for i, output in enumerate(outputs):
             expected = sum(r * 1000 + step + i for r in range(size))
             assert np.all(output == expected), (rank, step, i, output, expected)
+    # A copy that fails on one rank: the ranks stay in step (no hang), a failed pack makes
+    # every rank raise (their sums would be wrong), a failed copy-out only that rank.
+    f32 = np.dtype(np.float32)
+    counts = [1500, 3000]
+    good = [np.ones(c, np.float32) for c in counts]
+    bad_input = [np.ones(1500, np.float32), np.ones(10, np.float32)]  # too short to pack
+    try:
+        backend.allreduce_into(bad_input if rank == 1 else good, counts,
+                               [np.empty(c, np.float32) for c in counts], f32, ReduceOp.SUM)
+        raise AssertionError(f"rank {rank}: a rank's failed pack must fail every rank")
+    except (ValueError, RuntimeError) as exc:
+        assert rank == 1 or "rank 1 could not copy its input" in str(exc), exc
+    outputs = [np.empty(c, np.float32) for c in counts]
+    if rank == 1:
+        outputs[1] = np.empty(7, np.float32)  # too short to receive
+    try:
+        backend.allreduce_into(good, counts, outputs, f32, ReduceOp.SUM)
+        assert rank != 1, "a failed copy-out must raise on its rank"
+        assert all(np.all(o == size) for o in outputs), outputs
+    except ValueError:
+        assert rank == 1
+    outputs = [np.empty(c, np.float32) for c in counts]  # and the next call works
+    backend.allreduce_into(good, counts, outputs, f32, ReduceOp.SUM)
+    assert all(np.all(o == size) for o in outputs), outputs
     # In place through the Backend interface, across several pieces.
     buf = contribution(rank, 5000, np.float32, ReduceOp.SUM, 99)
     backend.allreduce(buf, ReduceOp.SUM)
