@@ -148,6 +148,7 @@ def unregister_process_set(process_set: Any) -> bool:
         return False
     if process_set.runtime is not None:
         process_set.runtime.shutdown()  # members agree through their own negotiation
+        _free_if_finished(process_set.runtime, [process_set.comm])
     state_.manage_comm.Barrier()
     process_set.runtime = process_set.comm = None
     process_set.process_set_id = None
@@ -163,9 +164,23 @@ def shutdown() -> None:
         for process_set in list(state_.process_sets.values()):
             if process_set.runtime is not None and process_set.process_set_id != 0:
                 process_set.runtime.shutdown()
+                _free_if_finished(process_set.runtime, [process_set.comm])
             process_set.runtime = process_set.comm = None
             process_set.process_set_id = None
         state_.runtime.shutdown()
+        # Communicators are a finite resource (MPICH: 2048 per process): free ours, so
+        # that init() and shutdown() can alternate indefinitely.
+        _free_if_finished(state_.runtime, [state_.comm, state_.manage_comm,
+                                           state_.local_comm, state_.cross_comm])
+
+
+def _free_if_finished(runtime: Any, comms: list[Any]) -> None:
+    """Free communicators once the runtime thread that used them has exited (a thread
+    still running after shutdown's timeout keeps them)."""
+    if runtime.finished:
+        for comm in comms:
+            if comm is not None:
+                comm.Free()
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -130,6 +130,11 @@ class Runtime:
     def stopped(self) -> bool:
         return self._stopped
 
+    @property
+    def finished(self) -> bool:
+        """The thread has exited: nothing uses its communicator any more."""
+        return not self._thread.is_alive()
+
     # -- the thread --------------------------------------------------------------------
     def _run(self) -> None:
         reason = ""

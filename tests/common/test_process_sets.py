@@ -16,3 +16,11 @@ def test_process_sets(mode):
     assert_ok(result)
     for rank in range(3):
         assert f"OK rank {rank} of 3" in result.stdout, result.stdout
+
+
+def test_init_and_shutdown_alternate_without_running_out_of_communicators():
+    result = run_ranks(Path(__file__).parent / "workers" / "reinit_worker.py", 2,
+                       timeout=180)
+    assert_ok(result)
+    for rank in range(2):
+        assert f"OK rank {rank} of 2" in result.stdout, result.stdout

@@ -1,0 +1,35 @@
+"""init() and shutdown() alternating many times, with a process set each time: every
+communicator the runtime creates must be freed (MPICH has 2048 per process)."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from horovodish.common import basics, collectives
+from horovodish.common.messages import ReduceOp
+from horovodish.common.process_sets import add_process_set, remove_process_set
+
+CYCLES = 500  # ~8 communicators each before they were freed: exhausted by ~300
+
+
+def main() -> None:
+    for cycle in range(CYCLES):
+        basics.init(process_sets="dynamic")
+        rank, size = basics.rank(), basics.size()
+        pair = add_process_set([0, 1])
+        tensors = [np.full(20000, float(rank + cycle), np.float32) for _ in range(2)]
+        handles = collectives.grouped_allreduce_async(tensors, [None, None], ["a", "b"],
+                                                      ReduceOp.SUM)
+        if pair.included():
+            collectives.allreduce_async(tensors[0].copy(), None, "p", ReduceOp.SUM,
+                                        process_set=pair).wait()
+        want = sum(r + cycle for r in range(size))
+        assert all(np.all(h.wait() == want) for h in handles), cycle
+        remove_process_set(pair)
+        basics.shutdown()
+    sys.stdout.write(f"OK rank {rank} of {size}: {CYCLES} cycles\n")
+
+
+if __name__ == "__main__":
+    main()
