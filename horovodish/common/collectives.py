@@ -14,7 +14,7 @@ import numpy as np
 
 from . import basics
 from .backends.adasum import is_power_of_two
-from .dtypes import NAMES as _DTYPE_NAMES, check_reduction, dtype_name
+from .dtypes import check_reduction, dtype_name
 from .entry import Entry
 from .handles import Handle
 from .messages import ReduceOp, Request, RequestType
@@ -132,19 +132,15 @@ def allreduce_async(tensor: np.ndarray, output: np.ndarray, name: str, op: Reduc
     # The grouped call for one tensor, without its lists: bursts of single submits are
     # the pattern to be fast for (a few microseconds each).
     process_set = resolve(process_set)
-    if output is not None and output is not tensor:
-        _check_output(tensor, output, "allreduce", name)
+    _check_output(tensor, output, "allreduce", name)
     if type(op) is not ReduceOp or op is _ADASUM or type(prescale) is not float \
-            or type(postscale) is not float:
+            or type(postscale) is not float:  # else already normalised: skip the call
         op, prescale, postscale = _reduction_args(_ALLREDUCE, op, prescale, postscale, name,
                                                   process_set)
-    dtype = _DTYPE_NAMES.get(tensor.dtype) or dtype_name(tensor.dtype)
-    if dtype == "bool" or op is _ADASUM:  # (reduction_request, inlined)
-        check_reduction(dtype, op, prescale, postscale, "allreduce", name)
     runtime = process_set.runtime
     handle = Handle(name, runtime.completions)
-    runtime.submit_one(Entry(Request(name, _ALLREDUCE, dtype, tensor.shape, op, -1, prescale,
-                                     postscale, device), tensor, handle, output))
+    runtime.submit_one(Entry(reduction_request(_ALLREDUCE, name, tensor, op, prescale,
+                                               postscale, device), tensor, handle, output))
     return handle
 
 

@@ -232,8 +232,6 @@ class Controller:
         for response in responses:
             # None: a rank that had joined gets responses for tensors it never submitted.
             request = self._sent.pop(response.name, None)
-            if request is None and response.name in self._waiting:  # defensive: never stale
-                request = self._waiting.pop(response.name)[0]
             if response.type == RequestType.JOIN:
                 self._joined = False
             elif response.error is None:

@@ -22,7 +22,7 @@ _NUMPY: dict[str, np.dtype] = {
     "float64": np.dtype(np.float64),
     "bool": np.dtype(np.bool_),
 }
-NAMES: dict[np.dtype, str] = {dtype: name for name, dtype in _NUMPY.items()}
+_NAMES: dict[np.dtype, str] = {dtype: name for name, dtype in _NUMPY.items()}
 
 SUPPORTED = tuple(_NUMPY)
 FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})
@@ -36,11 +36,11 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def dtype_name(dtype: np.dtype) -> str:
     """The runtime's name for a numpy dtype; TypeError for one it cannot move."""
-    name = NAMES.get(dtype)  # an array's dtype: no conversion needed
+    name = _NAMES.get(dtype)  # an array's dtype: no conversion needed
     if name is not None:
         return name
     try:
-        return NAMES[np.dtype(dtype)]
+        return _NAMES[np.dtype(dtype)]
     except KeyError:
         raise TypeError(
             f"dtype {np.dtype(dtype)} is not supported; supported: {', '.join(SUPPORTED)}"
