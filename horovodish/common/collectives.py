@@ -25,6 +25,7 @@ Allocator = Callable[[tuple[int, ...]], np.ndarray]
 # Enum members read through the class cost ~75 ns each; the submit path is ~2 us.
 _ALLREDUCE = RequestType.ALLREDUCE
 _ADASUM = ReduceOp.ADASUM
+_new_tuple = tuple.__new__
 
 _counters: dict[tuple[str, int], itertools.count] = defaultdict(itertools.count)
 
@@ -68,7 +69,7 @@ def _check_output(tensor: np.ndarray, output: np.ndarray | None, opname: str,
 
 def _submit(entries: list[Entry], process_set: ProcessSet) -> list[Handle]:
     process_set.runtime.submit(entries)
-    return [entry.handle for entry in entries]
+    return entries
 
 
 def _request(kind: RequestType, name: str, tensor: np.ndarray, device: str, **fields) -> Request:
@@ -77,12 +78,12 @@ def _request(kind: RequestType, name: str, tensor: np.ndarray, device: str, **fi
 
 def reduction_request(kind: RequestType, name: str, tensor: np.ndarray, op: ReduceOp,
                       prescale: float, postscale: float, device: str) -> Request:
-    # Positional: one request is built per submitted tensor, and keywords cost here.
-    request = Request(name, kind, dtype_name(tensor.dtype), tensor.shape, op, -1, prescale,
-                      postscale, device)
-    if request.dtype == "bool" or op is _ADASUM:  # op is a member here
-        check_reduction(request.dtype, op, prescale, postscale, kind.opname, name)
-    return request
+    # All ten fields through tuple.__new__: one request is built per submitted tensor.
+    dtype = dtype_name(tensor.dtype)
+    if dtype == "bool" or op is _ADASUM:  # op is a member here
+        check_reduction(dtype, op, prescale, postscale, kind.opname, name)
+    return _new_tuple(Request, (name, kind, dtype, tensor.shape, op, -1, prescale, postscale,
+                                device, None))
 
 
 def _reduction_args(kind: RequestType, op: ReduceOp, prescale: float, postscale: float,
@@ -121,8 +122,7 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray],
     for tensor, output, name in zip(tensors, outputs, names):
         _check_output(tensor, output, "allreduce", name)
         entries.append(Entry(reduction_request(kind, name, tensor, op, prescale, postscale,
-                                               device), tensor, Handle(name, completions),
-                             output=output))
+                                               device), tensor, completions, output))
     return _submit(entries, process_set)
 
 
@@ -130,18 +130,22 @@ def allreduce_async(tensor: np.ndarray, output: np.ndarray, name: str, op: Reduc
                     prescale: float = 1.0, postscale: float = 1.0, device: str = "cpu",
                     process_set: ProcessSet | None = None) -> Handle:
     # The grouped call for one tensor, without its lists: bursts of single submits are
-    # the pattern to be fast for (a few microseconds each).
-    process_set = resolve(process_set)
-    _check_output(tensor, output, "allreduce", name)
+    # the pattern to be fast for (about 1.5 us each), so the common case skips calls.
+    if process_set is None and global_process_set.runtime is not None:
+        process_set = global_process_set  # initialized, global set: what resolve() would say
+    else:
+        process_set = resolve(process_set)
+    if output is not tensor:
+        _check_output(tensor, output, "allreduce", name)
     if type(op) is not ReduceOp or op is _ADASUM or type(prescale) is not float \
             or type(postscale) is not float:  # else already normalised: skip the call
         op, prescale, postscale = _reduction_args(_ALLREDUCE, op, prescale, postscale, name,
                                                   process_set)
     runtime = process_set.runtime
-    handle = Handle(name, runtime.completions)
-    runtime.submit_one(Entry(reduction_request(_ALLREDUCE, name, tensor, op, prescale,
-                                               postscale, device), tensor, handle, output))
-    return handle
+    entry = Entry(reduction_request(_ALLREDUCE, name, tensor, op, prescale, postscale, device),
+                  tensor, runtime.completions, output)
+    runtime.submit_one(entry)
+    return entry
 
 
 def grouped_allgather_async(tensors: Sequence[np.ndarray], allocators: Sequence[Allocator],
@@ -153,7 +157,7 @@ def grouped_allgather_async(tensors: Sequence[np.ndarray], allocators: Sequence[
     for tensor, allocate, name in zip(tensors, allocators, names):
         _require_first_dim(tensor, "allgather", name)
         entries.append(Entry(_request(RequestType.ALLGATHER, name, tensor, device), tensor,
-                             Handle(name, completions), allocate=allocate))
+                             completions, allocate=allocate))
     return _submit(entries, process_set)
 
 
@@ -173,7 +177,7 @@ def broadcast_async(tensor: np.ndarray, output: np.ndarray, root_rank: int, name
     root = process_set.set_rank_of(int(root_rank), f"broadcast of tensor '{name}': root_rank")
     _check_output(tensor, output, "broadcast", name)
     request = _request(RequestType.BROADCAST, name, tensor, device, root_rank=root)
-    entry = Entry(request, tensor, Handle(name, process_set.runtime.completions), output=output)
+    entry = Entry(request, tensor, process_set.runtime.completions, output=output)
     return _submit([entry], process_set)[0]
 
 
@@ -198,7 +202,7 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | None, allocate: A
             raise ValueError(f"alltoall of tensor '{name}': splits {list(split_tuple)} must be "
                              f"non-negative and sum to the first dimension {rows}.")
     request = _request(RequestType.ALLTOALL, name, tensor, device, splits=split_tuple)
-    entry = Entry(request, tensor, Handle(name, process_set.runtime.completions), allocate=allocate)
+    entry = Entry(request, tensor, process_set.runtime.completions, allocate=allocate)
     return _submit([entry], process_set)[0]
 
 
@@ -222,7 +226,7 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], outputs: Sequence
                                                   postscale, name, process_set)
         request = reduction_request(RequestType.REDUCESCATTER, name, tensor, op, prescale,
                                     postscale, device)
-        entries.append(Entry(request, tensor, Handle(name, completions), output=output))
+        entries.append(Entry(request, tensor, completions, output=output))
     return _submit(entries, process_set)
 
 
@@ -230,7 +234,7 @@ def barrier_async(process_set: ProcessSet | None = None) -> Handle:
     process_set = resolve(process_set)
     name = auto_name("barrier", process_set)
     request = Request(name=name, type=RequestType.BARRIER, dtype="uint8", shape=())
-    return _submit([Entry(request, None, Handle(name, process_set.runtime.completions))],
+    return _submit([Entry(request, None, process_set.runtime.completions)],
                    process_set)[0]
 
 
@@ -239,5 +243,5 @@ def join_async() -> Handle:
     from .coordinator import JOIN_NAME
     process_set = resolve(None)
     request = Request(name=JOIN_NAME, type=RequestType.JOIN, dtype="uint8", shape=())
-    return _submit([Entry(request, None, Handle(JOIN_NAME, process_set.runtime.completions))],
+    return _submit([Entry(request, None, process_set.runtime.completions)],
                    process_set)[0]

@@ -16,7 +16,7 @@ The transport is injected, so this runs in one process in the unit tests.
 from __future__ import annotations
 
 import time
-from operator import itemgetter
+from operator import attrgetter
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -25,7 +25,7 @@ import numpy as np
 
 from .coordinator import Coordinator
 from .messages import Request, RequestType, Response
-from .response_cache import ResponseCache
+from .response_cache import CachedResponse, ResponseCache
 from .stall import StallInspector
 from .timeline import Timeline
 
@@ -37,6 +37,7 @@ _WORD_MASK = (1 << 64) - 1
 # Enum members read through the class cost ~75 ns each: hot loops use these.
 _JOIN = RequestType.JOIN
 _ALLREDUCE = RequestType.ALLREDUCE
+_BIT_OF = attrgetter("bit")
 
 
 class Transport(ABC):
@@ -123,7 +124,8 @@ class Controller:
         if invalid:
             for bit in _bits_of(invalid):
                 self.cache.erase(bit)
-            uncached.extend(waiting[name] for name, bit in hits if invalid >> bit & 1)
+            uncached.extend(waiting[cached.response.name] for cached in hits
+                            if invalid & cached.mask)
 
         result = CycleResult(shutdown=bool(flags & FLAG_SHUTDOWN),
                              stalled=bool(flags & FLAG_STALLED),
@@ -133,14 +135,15 @@ class Controller:
             # Bit order (the same on every rank). Without a join, every ready bit is one
             # of this rank's hits: sorting those beats scanning the whole bit set.
             if self._joined:
-                bits = _bits_of(ready)
-            elif ready == hit_bits:  # the usual case: all of this rank's hits are ready
-                bits = sorted(map(itemgetter(1), hits))
+                responses = self.cache.take(_bits_of(ready))
             else:
-                bits = sorted(bit for _, bit in hits if ready >> bit & 1)
-            responses = self.cache.take(bits)
+                if ready != hit_bits:  # the usual case: all of this rank's hits are ready
+                    hits = [cached for cached in hits if ready & cached.mask]
+                hits.sort(key=_BIT_OF)
+                responses = self.cache.take_entries(hits)
+            pop = waiting.pop
             for response in responses:
-                waiting.pop(response.name, None)
+                pop(response.name, None)
             result.responses = responses
 
         if flags & FLAG_UNCACHED:
@@ -153,9 +156,9 @@ class Controller:
         return result
 
     def _classify(self, now: float, shutdown: bool
-                  ) -> tuple[list[tuple[str, int]], int, list[_Waiting], np.ndarray]:
+                  ) -> tuple[list[CachedResponse], int, list[_Waiting], np.ndarray]:
         ready = invalid = 0  # bit sets as Python ints: cheap to build and to test
-        hits: list[tuple[str, int]] = []
+        hits: list[CachedResponse] = []
         uncached: list[_Waiting] = []
         caching = self._words > 0
         cached_as = self.cache.cached_as
@@ -172,9 +175,8 @@ class Controller:
             # once some rank joined, for non-allreduce (so the join error is raised).
             elif cached.signature == request and submitted_at > stale_before and not (
                     others_joined and request.type is not allreduce):
-                bit = cached.bit
-                ready |= 1 << bit
-                hits.append((name, bit))
+                ready |= cached.mask
+                hits.append(cached)
             else:
                 invalid |= 1 << cached.bit
                 uncached.append(waiting)

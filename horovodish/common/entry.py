@@ -1,22 +1,45 @@
-"""An entry: a request plus the tensor views it reads and writes, and its handle."""
+"""An entry: a request plus the tensor views it reads and writes; it is its own handle.
+
+One object per submitted tensor rather than an entry pointing at a handle: a burst of
+hundreds of small tensors pays every object and attribute hop per tensor.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from .handles import Handle
+from .handles import Completions, Handle
 from .messages import Request
 
 
-@dataclass(slots=True)
-class Entry:
-    request: Request
-    tensor: np.ndarray | None
-    handle: Handle
-    # Known-shape outputs (allreduce, broadcast, reducescatter) are allocated at submit;
-    # allgather and alltoall learn their output shape from the response and ask `allocate`.
-    # An allreduce without an output gets a view of a runtime-owned result block.
-    output: np.ndarray | None = None
-    allocate: Callable[[tuple[int, ...]], np.ndarray] | None = None
+class Entry(Handle):
+    """What the runtime needs of a submitted tensor; the caller waits on it as a Handle.
+
+    Known-shape outputs (allreduce, broadcast, reducescatter) are allocated at submit;
+    allgather and alltoall learn their output shape from the response and ask
+    ``allocate``. An allreduce without an output gets a view of a runtime-owned block.
+    """
+
+    __slots__ = ("request", "tensor", "output", "allocate")
+
+    def __init__(self, request: Request, tensor: np.ndarray | None, completions: Completions,
+                 output: np.ndarray | None = None,
+                 allocate: Callable[[tuple[int, ...]], np.ndarray] | None = None) -> None:
+        # Handle's fields set here rather than through super().__init__: one call fewer.
+        self.name = request.name
+        self._completions = completions
+        self._done = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self.request = request
+        self.tensor = tensor
+        self.output = output
+        self.allocate = allocate
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        """Also drops the tensors: the caller may keep the handle long after."""
+        self._result = result
+        self._error = error
+        self.tensor = self.output = self.allocate = None
+        self._done = True

@@ -73,7 +73,7 @@ class Executor:
                 timeline.group([r.name for r in group], first.type.name, self._marks, now_us())
         for entry, result in zip(mine, results):
             if entry is not None:
-                entry.handle.finish(result)
+                entry.finish(result)
 
     def _run(self, kind: RequestType, group: list[Response], mine: list[Entry | None]) -> list:
         if kind == RequestType.ALLREDUCE:
@@ -393,4 +393,4 @@ def _scaled_copy(out: np.ndarray, source: np.ndarray, factor: float) -> None:
 def _fail(entries: list[Entry | None], error: BaseException) -> None:
     for entry in entries:
         if entry is not None:
-            entry.handle.finish(error=error)
+            entry.finish(error=error)

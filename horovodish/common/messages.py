@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from functools import cached_property
 from math import prod
+from typing import NamedTuple
 
 _ITEMSIZE = {"uint8": 1, "int8": 1, "bool": 1, "int16": 2, "float16": 2, "bfloat16": 2,
              "int32": 4, "float32": 4, "int64": 8, "float64": 8}
@@ -58,10 +59,13 @@ def resolve_op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
     return ReduceOp(op)
 
 
-@dataclass(slots=True)
-class Request:
-    """One rank's readiness for one tensor. (Not frozen: frozen dataclasses construct
-    slowly, and one is built per submitted tensor.)"""
+class Request(NamedTuple):
+    """One rank's readiness for one tensor.
+
+    A tuple: one is built per submitted tensor and compared with the cached one every
+    cycle, and a tuple's equality runs in C (~60 ns against ~240 for a dataclass's).
+    The submit path builds it with ``tuple.__new__`` (all fields, in order), skipping
+    NamedTuple's Python-level constructor, which costs as much again."""
 
     name: str
     type: RequestType

@@ -14,11 +14,15 @@ from typing import Callable
 from .messages import Request, Response
 
 
-@dataclass
+@dataclass(slots=True)
 class CachedResponse:
     response: Response
     signature: Request | None  # this rank's request that produced it (None: rank had joined)
     bit: int
+    mask: int = 0  # 1 << bit, computed once: the controller ORs it per tensor per cycle
+
+    def __post_init__(self) -> None:
+        self.mask = 1 << self.bit
 
 
 class ResponseCache:
@@ -36,10 +40,17 @@ class ResponseCache:
 
     def take(self, bits: list[int]) -> list[Response]:
         """The responses at these bits, in this order, each touched (most recent last)."""
-        by_bit, to_end = self._by_bit, self._by_name.move_to_end
-        responses = [by_bit[bit].response for bit in bits]
-        for response in responses:
+        by_bit = self._by_bit
+        return self.take_entries([by_bit[bit] for bit in bits])
+
+    def take_entries(self, entries: list[CachedResponse]) -> list[Response]:
+        """take() for entries in hand (no lookups by bit)."""
+        to_end = self._by_name.move_to_end
+        responses = []
+        for cached in entries:
+            response = cached.response
             to_end(response.name)
+            responses.append(response)
         return responses
 
     def bits(self) -> list[tuple[int, Response]]:

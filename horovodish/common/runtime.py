@@ -154,7 +154,7 @@ class Runtime:
                 self._in_flight.clear()
                 self._queue.clear()
             for entry in pending:
-                entry.handle.finish(error=HorovodInternalError(
+                entry.finish(error=HorovodInternalError(
                     f"horovodish was shut down{reason} while {entry.request.type.opname} of "
                     f"'{entry.request.name}' was in flight."))
             self.completions.notify()

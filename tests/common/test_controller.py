@@ -56,6 +56,19 @@ def test_cached_tensor_waits_for_the_late_rank():
     assert names(late[0]) == names(late[1]) == ["x"]
 
 
+def test_only_the_cached_tensors_every_rank_has_ready_run():
+    """Rank 0 has three cached tensors ready, rank 1 one of them: only that one runs
+    (on both), and the others wait on rank 0 until rank 1 submits them."""
+    world = FakeWorld(2)
+    world.cycle({0: [ar(n) for n in "abc"], 1: [ar(n) for n in "cab"]})
+    partial = world.cycle({0: [ar(n) for n in "abc"], 1: [ar("b")]})
+    assert names(partial[0]) == names(partial[1]) == ["b"]
+    assert not partial[0].negotiated_slow
+    rest = world.cycle({1: [ar("c"), ar("a")]})
+    assert sorted(names(rest[0])) == ["a", "c"] and names(rest[0]) == names(rest[1])
+    assert not any(c.has_pending for c in world.controllers)
+
+
 def test_cache_invalidation_when_one_rank_changes_shape():
     world = FakeWorld(2)
     world.cycle({0: [ar("x")], 1: [ar("x")]})

@@ -61,3 +61,28 @@ def test_no_lost_wake_up_under_races():
     assert time.perf_counter() - start < 10
     thread.join(5)
     assert completions.waiters == 0
+
+
+def test_a_finished_entry_no_longer_holds_the_tensors():
+    """An entry is the caller's handle: once finished it must not keep the input (a
+    training step's old gradient) or the output alive for as long as the caller keeps
+    the handle."""
+    import gc
+    import weakref
+
+    import numpy as np
+
+    from horovodish.common.entry import Entry
+    from horovodish.common.messages import Request, RequestType
+
+    tensor, output = np.ones(4), np.zeros(4)
+    entry = Entry(Request("t", RequestType.ALLREDUCE, "float64", (4,)), tensor, Completions(),
+                  output)
+    refs = [weakref.ref(tensor), weakref.ref(output)]
+    del tensor, output
+    gc.collect()
+    assert all(ref() is not None for ref in refs)  # held while in flight
+    entry.finish("result")
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
+    assert entry.wait() == "result" and entry.name == "t"
