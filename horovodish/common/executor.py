@@ -109,11 +109,11 @@ class Executor:
         backend = self._backend(RequestType.ALLREDUCE, first, total * dtype.itemsize,
                                 len(group))
         pre, post = self._scales(first)
-        # Some caller lets the runtime own its result: reduce in a result block.
-        owned = any(entry is not None and entry.output is None for entry in mine)
         if isinstance(backend, SharedMemoryBackend) and op != ReduceOp.ADASUM:
             return self._allreduce_shared(backend, first, group, mine, counts, dtype, op,
-                                          pre, post, owned)
+                                          pre, post)
+        # Some caller lets the runtime own its result: reduce in a result block.
+        owned = any(entry is not None and entry.output is None for entry in mine)
         # The collectives must be the same on every rank, so pieces follow from the group
         # alone, never from rank-local facts (whether this rank owns results, has joined).
         pieces = [(0, len(group))] if op == ReduceOp.ADASUM else \
@@ -162,19 +162,24 @@ class Executor:
 
     def _allreduce_shared(self, backend: SharedMemoryBackend, first: Response,
                           group: list[Response], mine: list[Entry | None], counts: list[int],
-                          dtype: np.dtype, op: ReduceOp, pre: float, post: float,
-                          owned: bool) -> list:
+                          dtype: np.dtype, op: ReduceOp, pre: float, post: float) -> list:
         """Inputs packed straight into shared memory, results copied straight out: no
-        fusion buffer of our own."""
+        fusion buffer of our own. A caller that lets the runtime own its result (no
+        output) makes the group reduce into a result block."""
         inputs: list[np.ndarray | None] = []
         outputs: list[np.ndarray | None] = []
+        in_place, owned = True, False
         for entry in mine:
             if entry is None:
                 inputs.append(None)
                 outputs.append(None)
             else:
-                inputs.append(entry.tensor)
-                outputs.append(entry.output)
+                tensor, output = entry.tensor, entry.output
+                inputs.append(tensor)
+                outputs.append(output)
+                if output is not tensor:
+                    in_place = False
+                    owned = owned or output is None
                 entry.tensor = None  # consumed (the list holds it until packed)
         floor_by = self.size if first.reduce_op == ReduceOp.AVERAGE and \
             first.dtype not in FLOATING else 0
@@ -183,7 +188,8 @@ class Executor:
             block = self.result_blocks.take(dtype, sum(counts))
             backend.allreduce_into(inputs, counts, block, dtype, op, pre, post, floor_by)
             return _hand_out(block, mine, group)
-        backend.allreduce_into(inputs, counts, outputs, dtype, op, pre, post, floor_by)
+        backend.allreduce_into(inputs, counts, outputs, dtype, op, pre, post, floor_by,
+                               in_place)
         return outputs
 
     def close(self) -> None:

@@ -42,36 +42,69 @@ class Scatterer:
         """One self-message from buf to the outputs; False when some output is not a
         C-contiguous array of buf's dtype and of exactly its count (then the caller
         loops, and np.copyto casts or raises as it should)."""
-        itemsize = buf.itemsize
-        lengths: list[int] = []
-        addresses: list[int] = []
-        source_offsets: list[int] = []
-        offset = 0
-        get_address = MPI.Get_address
-        for output, count in zip(outputs, counts):
-            if output is not None and count:
-                if output.size != count or output.dtype != buf.dtype or \
-                        not output.flags.c_contiguous:
-                    return False
-                lengths.append(count * itemsize)
-                addresses.append(get_address(output))
-                source_offsets.append(offset * itemsize)
-            offset += count
+        layout = _layout(outputs, counts, buf.dtype)
+        if layout is None:
+            return False
+        lengths, addresses, source_offsets = layout
         if not lengths:
             return True
-        if self._comm is None:
-            self._comm = MPI.COMM_SELF.Dup()
         target = MPI.BYTE.Create_hindexed(lengths, addresses).Commit()
         try:
-            source: list = [buf.view(np.uint8), MPI.BYTE]
-            if buf.nbytes != sum(lengths):  # some outputs skipped: a gapped source
+            if buf.nbytes == sum(lengths):
+                self.copy(buf, target)
+            else:  # some outputs skipped: a gapped source
                 gapped = MPI.BYTE.Create_hindexed(lengths, source_offsets).Commit()
-                source = [buf.view(np.uint8), 1, gapped]
-            try:
-                self._comm.Sendrecv(source, 0, 0, [MPI.BOTTOM, 1, target], 0, 0)
-            finally:
-                if len(source) == 3:
-                    source[2].Free()
+                try:
+                    self._self_message([buf.view(np.uint8), 1, gapped],
+                                       [MPI.BOTTOM, 1, target])
+                finally:
+                    gapped.Free()
         finally:
             target.Free()
         return True
+
+    def describe(self, arrays: list[np.ndarray], counts: list[int],
+                 dtype: np.dtype) -> MPI.Datatype | None:
+        """The arrays' memory (no None among them), in order, as one committed MPI
+        datatype (the caller frees it), to copy from or to a flat buffer with ``gather``
+        and ``copy``; None when one is not a C-contiguous array of dtype and of exactly
+        its count."""
+        layout = _layout(arrays, counts, dtype)
+        if layout is None:
+            return None
+        return MPI.BYTE.Create_hindexed(layout[0], layout[1]).Commit()
+
+    def gather(self, datatype: MPI.Datatype, buf: np.ndarray) -> None:
+        """The memory datatype describes, concatenated into buf."""
+        self._self_message([MPI.BOTTOM, 1, datatype], [buf.view(np.uint8), MPI.BYTE])
+
+    def copy(self, buf: np.ndarray, datatype: MPI.Datatype) -> None:
+        """buf out to the memory datatype describes."""
+        self._self_message([buf.view(np.uint8), MPI.BYTE], [MPI.BOTTOM, 1, datatype])
+
+    def _self_message(self, source: list, target: list) -> None:
+        if self._comm is None:
+            self._comm = MPI.COMM_SELF.Dup()
+        self._comm.Sendrecv(source, 0, 0, target, 0, 0)
+
+
+def _layout(arrays: list[np.ndarray | None], counts: list[int], dtype: np.dtype
+            ) -> tuple[list[int], list[int], list[int]] | None:
+    """(byte lengths, absolute addresses, byte offsets in the concatenation) of the
+    non-empty arrays (None: skipped); None when one is not a C-contiguous array of
+    dtype and of exactly its count."""
+    itemsize = dtype.itemsize
+    lengths: list[int] = []
+    addresses: list[int] = []
+    offsets: list[int] = []
+    offset = 0
+    get_address = MPI.Get_address
+    for array, count in zip(arrays, counts):
+        if array is not None and count:
+            if array.size != count or array.dtype != dtype or not array.flags.c_contiguous:
+                return None
+            lengths.append(count * itemsize)
+            addresses.append(get_address(array))
+            offsets.append(offset * itemsize)
+        offset += count
+    return lengths, addresses, offsets

@@ -46,3 +46,25 @@ def test_contiguous_outputs_take_the_single_call():
     assert np.array_equal(np.concatenate(outputs), buf)
     strided = [np.zeros((8, 2), np.float32)[:, 0]] + outputs[1:]
     assert not scatterer._by_datatype(buf, strided, [8] * MIN_OUTPUTS)  # the loop's job
+
+
+def test_one_datatype_packs_and_copies_back():
+    """describe() once, then gather (tensors -> flat) and copy (flat -> tensors): what the
+    shared-memory backend does for in-place groups."""
+    counts = [3, 0, 5, 8]
+    arrays = [np.arange(c, dtype=np.float32) + 10 * i for i, c in enumerate(counts)]
+    scatterer = Scatterer()
+    datatype = scatterer.describe(arrays, counts, np.dtype(np.float32))
+    try:
+        flat = np.zeros(sum(counts), np.float32)
+        scatterer.gather(datatype, flat)
+        assert np.array_equal(flat, np.concatenate(arrays))
+        scatterer.copy(flat * 2, datatype)
+        assert all(np.array_equal(a, (np.arange(c) + 10 * i) * 2)
+                   for i, (a, c) in enumerate(zip(arrays, counts)))
+    finally:
+        datatype.Free()
+        scatterer.close()
+    strided = arrays[:2] + [np.zeros(10, np.float32)[::2]] + arrays[3:]
+    assert scatterer.describe(strided, counts, np.dtype(np.float32)) is None
+    assert scatterer.describe(arrays, counts, np.dtype(np.float64)) is None

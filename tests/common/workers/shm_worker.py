@@ -123,6 +123,20 @@ def main() -> None:
     outputs = [np.empty(c, np.float32) for c in counts]  # and the next call works
     backend.allreduce_into(good, counts, outputs, f32, ReduceOp.SUM)
     assert all(np.all(o == size) for o in outputs), outputs
+    # In place (each output is its input), many tensors a piece: one datatype of the
+    # tensors' addresses packs and copies out; a strided tensor falls back to the loops.
+    for strided in (False, True):
+        counts = [(37 * i) % 113 for i in range(90)]  # some empty, several pieces
+        seed = 500 + strided
+        tensors = [contribution(rank, c, np.float32, ReduceOp.SUM, seed + i)
+                   for i, c in enumerate(counts)]
+        if strided:
+            tensors[5] = np.repeat(tensors[5], 2)[::2]
+        backend.allreduce_into(tensors, counts, tensors, f32, ReduceOp.SUM, in_place=True)
+        for i, (tensor, c) in enumerate(zip(tensors, counts)):
+            expected = sum(contribution(r, c, np.float32, ReduceOp.SUM, seed + i)
+                           for r in range(size))
+            assert np.array_equal(tensor, expected), (rank, strided, i)
     # In place through the Backend interface, across several pieces.
     buf = contribution(rank, 5000, np.float32, ReduceOp.SUM, 99)
     backend.allreduce(buf, ReduceOp.SUM)
