@@ -120,18 +120,20 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray],
                                               names[0] if names else "", process_set)
     entries = []
     for tensor, output, name in zip(tensors, outputs, names):
-        _check_output(tensor, output, "allreduce", name)
+        if output is not tensor:
+            _check_output(tensor, output, "allreduce", name)
         entries.append(Entry(reduction_request(kind, name, tensor, op, prescale, postscale,
                                                device), tensor, completions, output))
     return _submit(entries, process_set)
 
 
-def allreduce_async(tensor: np.ndarray, output: np.ndarray, name: str, op: ReduceOp,
+def allreduce_async(tensor: np.ndarray, output: np.ndarray | None, name: str, op: ReduceOp,
                     prescale: float = 1.0, postscale: float = 1.0, device: str = "cpu",
                     process_set: ProcessSet | None = None) -> Handle:
     # The grouped call for one tensor, without its lists: bursts of single submits are
     # the pattern to be fast for (about 1.5 us each), so the common case skips calls.
-    if process_set is None and global_process_set.runtime is not None:
+    if (process_set is None or process_set is global_process_set) and \
+            global_process_set.runtime is not None:
         process_set = global_process_set  # initialized, global set: what resolve() would say
     else:
         process_set = resolve(process_set)

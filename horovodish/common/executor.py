@@ -51,11 +51,11 @@ class Executor:
         self.timeline: Timeline | None = None  # set by the runtime while recording
         self._marks: list[tuple[str, float]] = []
 
-    def execute(self, group: list[Response], entries: dict[str, Entry],
+    def execute(self, group: list[Response], mine: list[Entry | None],
                 ready_at_us: float = 0.0) -> None:
-        """Run one planned group; failures go to the group's handles, not the caller."""
+        """Run one planned group (mine: this rank's entry for each response, None where
+        it has none); failures go to the group's handles, not the caller."""
         first = group[0]
-        mine = [entries.pop(r.name, None) for r in group]
         if first.error is not None:
             _fail(mine, HorovodInternalError(first.error))
             return

@@ -44,16 +44,12 @@ def poll(handle: int) -> bool:
 
 def synchronize(handle: int) -> Any:
     """Wait for handle; returns the output tensor(s) or raises HorovodInternalError."""
-    with _handles_lock:
-        if handle not in _handles:
-            raise ValueError(f"handle {handle} is unknown or was already synchronized")
-        handles, finish = _handles[handle]
-    try:
-        results = [h.wait() for h in handles]
-    finally:
-        with _handles_lock:
-            _handles.pop(handle, None)
-    return finish(results)
+    with _handles_lock:  # taken once: a burst synchronizes hundreds of handles
+        registered = _handles.pop(handle, None)
+    if registered is None:
+        raise ValueError(f"handle {handle} is unknown or was already synchronized")
+    handles, finish = registered
+    return finish([h.wait() for h in handles])
 
 
 def _names(name: str | Sequence[str] | None, count: int, opname: str,
@@ -100,17 +96,23 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor],
                              postscale_factor: float, opname: str,
                              finish: Callable[[list[Any]], Any],
                              process_set: ProcessSet = global_process_set) -> int:
-    for tensor in tensors:
+    sources, targets = [], []
+    for tensor, output in zip(tensors, outputs):  # one pass: this runs per tensor
         check_tensor(tensor, opname)
-    sources = [as_numpy(_contiguous(t)) for t in tensors]
-    # In place: hand the core the very same array as input and output, so it skips the copy.
-    # No output: the runtime owns the result (a view of its block).
-    targets = [src if out is tensor else None if out is None else as_numpy(out)
-               for src, out, tensor in zip(sources, outputs, tensors)]
-    handles = core.grouped_allreduce_async(
-        sources, targets,
-        _names(name, len(tensors), "allreduce", process_set), op, prescale_factor,
-        postscale_factor, device_class(tensors[0]) if tensors else "cpu", process_set)
+        source = as_numpy(tensor if tensor.is_contiguous() else tensor.contiguous())
+        sources.append(source)
+        # In place: the very same array as input and output, so the core skips a copy.
+        # No output: the runtime owns the result (a view of its block).
+        targets.append(source if output is tensor else
+                       None if output is None else as_numpy(output))
+    names = _names(name, len(tensors), "allreduce", process_set)
+    device = device_class(tensors[0]) if tensors else "cpu"
+    if len(sources) == 1:  # the core's single-tensor path: no group bookkeeping
+        handles = [core.allreduce_async(sources[0], targets[0], names[0], op, prescale_factor,
+                                        postscale_factor, device, process_set)]
+    else:
+        handles = core.grouped_allreduce_async(sources, targets, names, op, prescale_factor,
+                                               postscale_factor, device, process_set)
     return _register(handles, finish)
 
 
