@@ -5,9 +5,10 @@
 Reports, per size from 4 KiB to 64 MiB: time per synchronous allreduce through the
 runtime and through ``MPI_Allreduce``, algorithm and bus bandwidth, and the ratio of bus
 bandwidths (runtime / MPI; above 1 means the runtime is faster). Then the many-small-tensors
-case (256 x 16 KiB submitted async, then synchronized) against one MPI call on the 4 MiB
-concatenation and against 256 separate MPI calls; and the idle cost: how much a
-compute-bound loop slows while the runtime is initialized and idle.
+case (256 x 16 KiB submitted async, then synchronized; on numpy arrays through the core,
+and on torch tensors through horovodish.torch when torch is installed) against one MPI
+call on the 4 MiB concatenation and against 256 separate MPI calls; and the idle cost:
+how much a compute-bound loop slows while the runtime is initialized and idle.
 """
 from __future__ import annotations
 
@@ -99,6 +100,10 @@ def many_small(comm: MPI.Comm, count: int = 256, nbytes: int = 16 << 10) -> dict
             handle.wait()
 
     concat = np.zeros(count * nbytes // 4, dtype=np.float32)
+    contenders = {"ours": ours, "one": lambda: comm.Allreduce(MPI.IN_PLACE, concat, op=MPI.SUM)}
+    torch_burst = _torch_burst(count, nbytes)
+    if torch_burst is not None:
+        contenders["torch"] = torch_burst
 
     def separate() -> None:
         for t in tensors:
@@ -113,19 +118,40 @@ def many_small(comm: MPI.Comm, count: int = 256, nbytes: int = 16 << 10) -> dict
             finally:
                 basics.stop_timeline()
 
-        times = _alternating(
-            {"ours": ours, "one": lambda: comm.Allreduce(MPI.IN_PLACE, concat, op=MPI.SUM),
-             "separate": separate, "timeline": ours}, comm, rounds=5,
-            around={"timeline": timeline})
+        times = _alternating({**contenders, "separate": separate, "timeline": ours}, comm,
+                             rounds=5, around={"timeline": timeline})
     ours_s, one_s, separate_s, timeline_s = (statistics.median(times[k]) for k in
                                              ("ours", "one", "separate", "timeline"))
-    return {"count": count, "bytes_each": nbytes, "runtime_s": ours_s,
+    torch_figures = {}
+    if "torch" in times:
+        torch_s = statistics.median(times["torch"])
+        torch_figures = {"torch_runtime_s": torch_s, "torch_over_one_call": torch_s / one_s}
+    return {"count": count, "bytes_each": nbytes, "runtime_s": ours_s, **torch_figures,
             "runtime_with_timeline_s": timeline_s,
             "timeline_throughput_loss_percent": 100.0 * (1 - ours_s / timeline_s),
             "mpi_one_call_s": one_s, "mpi_separate_s": separate_s,
             "runtime_over_one_call": ours_s / one_s, "runtime_over_separate": ours_s / separate_s,
             "runtime_over_one_call_per_round": [a / b for a, b in zip(times["ours"],
                                                                        times["one"])]}
+
+
+def _torch_burst(count: int, nbytes: int) -> Callable[[], None] | None:
+    """The same burst through horovodish.torch (allreduce_async_, then synchronize), what
+    a PyTorch user calls; None without torch."""
+    try:
+        import torch
+
+        from . import torch as hvd
+    except ImportError:
+        return None
+    tensors = [torch.zeros(nbytes // 4) for _ in range(count)]
+    names = [f"torch.small.{i}" for i in range(count)]
+
+    def burst() -> None:
+        handles = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(tensors, names)]
+        for handle in handles:
+            hvd.synchronize(handle)
+    return burst
 
 
 def _compute_loop(seconds: float = 0.3) -> float:
@@ -201,6 +227,10 @@ def _print_report(size: int, rows: list[dict], small: dict, idle: dict) -> None:
           f"({small['runtime_over_separate']:.2f}x); ours / one call per round: "
           f"{min(small['runtime_over_one_call_per_round']):.2f}x to "
           f"{max(small['runtime_over_one_call_per_round']):.2f}x")
+    if "torch_runtime_s" in small:
+        print(f"the same burst through horovodish.torch (allreduce_async_, synchronize): "
+              f"{small['torch_runtime_s'] * 1e3:.2f} ms ({small['torch_over_one_call']:.2f}x "
+              "one MPI call)")
     print(f"timeline on: the same burst takes {small['runtime_with_timeline_s'] * 1e3:.2f} ms "
           f"({small['timeline_throughput_loss_percent']:.1f}% less throughput)")
     print(f"idle cost: the idle runtime thread uses {idle['runtime_thread_cpu_percent']:.2f}% "

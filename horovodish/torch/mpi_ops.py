@@ -6,7 +6,6 @@ integer handle (as Horovod does); ``synchronize(handle)`` waits and returns torc
 from __future__ import annotations
 
 import itertools
-import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -21,35 +20,51 @@ from .tensor_views import as_numpy, check_tensor, device_class, empty_allocator,
 from ..common.messages import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 from ..common.messages import resolve_op as _resolve_op
 
+# Integer handle -> (core handles, what turns their results into the caller's return).
+# No lock: next() on a count and single dict operations are atomic, and each is all
+# that registering or claiming a handle takes (a lock cost ~0.3 us per call of each).
 _handle_ids = itertools.count()
 _handles: dict[int, tuple[list[Handle], Callable[[list[Any]], Any]]] = {}
-_handles_lock = threading.Lock()
 
 
 def _register(handles: list[Handle], finish: Callable[[list[Any]], Any]) -> int:
     handle_id = next(_handle_ids)
-    with _handles_lock:
-        _handles[handle_id] = (handles, finish)
+    _handles[handle_id] = (handles, finish)
     return handle_id
+
+
+def _unknown(handle: int) -> ValueError:
+    return ValueError(f"handle {handle} is unknown or was already synchronized")
 
 
 def poll(handle: int) -> bool:
     """True when the operation behind handle has finished (synchronize will not block)."""
-    with _handles_lock:
-        if handle not in _handles:
-            raise ValueError(f"handle {handle} is unknown or was already synchronized")
-        handles = _handles[handle][0]
-    return all(h.done() for h in handles)
+    registered = _handles.get(handle)
+    if registered is None:
+        raise _unknown(handle)
+    return all(h.done() for h in registered[0])
 
 
 def synchronize(handle: int) -> Any:
     """Wait for handle; returns the output tensor(s) or raises HorovodInternalError."""
-    with _handles_lock:  # taken once: a burst synchronizes hundreds of handles
-        registered = _handles.pop(handle, None)
+    registered = _handles.pop(handle, None)
     if registered is None:
-        raise ValueError(f"handle {handle} is unknown or was already synchronized")
+        raise _unknown(handle)
     handles, finish = registered
     return finish([h.wait() for h in handles])
+
+
+def _plain_array(tensor: Any) -> np.ndarray | None:
+    """The numpy view of a tensor that needs no conversion (a contiguous CPU tensor of a
+    numpy dtype, outside autograd), else None: the single-tensor calls' short path."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_cpu and not tensor.requires_grad \
+            and tensor.dtype in _NUMPY_DTYPES and tensor.is_contiguous():
+        return tensor.numpy()
+    return None
+
+
+_NUMPY_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                           torch.float16, torch.float32, torch.float64, torch.bool})
 
 
 def _names(name: str | Sequence[str] | None, count: int, opname: str,
@@ -140,20 +155,33 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     op: ReduceOp | None = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
+    op = _resolve_op(average, op)
+    array = _plain_array(tensor)
+    if array is not None and (name is None or isinstance(name, str)):
+        output = torch.empty_like(tensor)
+        return _register([core.allreduce_async(
+            array, output.numpy(), name or core.auto_name("allreduce", process_set), op,
+            prescale_factor, postscale_factor, "cpu", process_set)], lambda _: output)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _grouped_allreduce_async([tensor], [output], name, _resolve_op(average, op),
-                                    prescale_factor, postscale_factor, "allreduce",
-                                    lambda _: output, process_set)
+    return _grouped_allreduce_async([tensor], [output], name, op, prescale_factor,
+                                    postscale_factor, "allreduce", lambda _: output,
+                                    process_set)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
+    op = _resolve_op(average, op)
+    array = _plain_array(tensor)
+    if array is not None and (name is None or isinstance(name, str)):  # ~2.5 us, not ~4.5
+        return _register([core.allreduce_async(
+            array, array, name or core.auto_name("allreduce", process_set), op,
+            prescale_factor, postscale_factor, "cpu", process_set)], lambda _: tensor)
     output = _contiguous(tensor)
     write_back = _write_back([tensor], [output])
-    return _grouped_allreduce_async([tensor], [output], name, _resolve_op(average, op),
-                                    prescale_factor, postscale_factor, "allreduce_",
+    return _grouped_allreduce_async([tensor], [output], name, op, prescale_factor,
+                                    postscale_factor, "allreduce_",
                                     lambda results: write_back(results)[0], process_set)
 
 

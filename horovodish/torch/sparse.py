@@ -13,7 +13,7 @@ import torch
 from ..common import collectives as core
 from ..common.messages import ReduceOp
 from ..common.process_sets import ProcessSet, global_process_set
-from .mpi_ops import Average, _handles, _handles_lock, allgather_async
+from .mpi_ops import Average, _handles, allgather_async
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
@@ -33,9 +33,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
     values_handle = allgather_async(sparse._values().contiguous(), f"{name}.values", process_set)
     indices_handle = allgather_async(sparse._indices().t().contiguous(), f"{name}.indices",
                                      process_set)
-    with _handles_lock:
-        values_core, values_finish = _handles.pop(values_handle)
-        indices_core, indices_finish = _handles.pop(indices_handle)
+    values_core, values_finish = _handles.pop(values_handle)
+    indices_core, indices_finish = _handles.pop(indices_handle)
     size = process_set.size()
 
     def finish(results: list[Any]) -> torch.Tensor:

@@ -23,5 +23,10 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     for row in figures["allreduce"]:
         assert row["runtime_s"] > 0 and row["mpi_s"] > 0
         assert abs(row["ratio"] - row["mpi_s"] / row["runtime_s"]) < 1e-9
-    assert figures["many_small"]["count"] == 256
+    small = figures["many_small"]
+    assert small["count"] == 256
+    assert small["runtime_s"] > 0 and small["torch_runtime_s"] > 0  # torch: a dev install
+    assert abs(small["runtime_over_one_call"] - small["runtime_s"] / small["mpi_one_call_s"]) \
+        < 1e-9
+    assert "through horovodish.torch" in result.stdout
     assert png.stat().st_size > 1000
