@@ -102,7 +102,7 @@ def many_small(comm: MPI.Comm, count: int = 256, nbytes: int = 16 << 10) -> dict
     concat = np.zeros(count * nbytes // 4, dtype=np.float32)
     contenders = {"ours": ours, "one": lambda: comm.Allreduce(MPI.IN_PLACE, concat, op=MPI.SUM)}
     torch_burst = _torch_burst(count, nbytes)
-    if torch_burst is not None:
+    if comm.allreduce(torch_burst is not None, op=MPI.LAND):  # every rank times the same
         contenders["torch"] = torch_burst
 
     def separate() -> None:

@@ -91,8 +91,8 @@ class Scatterer:
 def _layout(arrays: list[np.ndarray | None], counts: list[int], dtype: np.dtype
             ) -> tuple[list[int], list[int], list[int]] | None:
     """(byte lengths, absolute addresses, byte offsets in the concatenation) of the
-    non-empty arrays (None: skipped); None when one is not a C-contiguous array of
-    dtype and of exactly its count."""
+    non-empty arrays (None: skipped); None when one is not a writeable C-contiguous
+    array of dtype and of exactly its count."""
     itemsize = dtype.itemsize
     lengths: list[int] = []
     addresses: list[int] = []
@@ -101,7 +101,9 @@ def _layout(arrays: list[np.ndarray | None], counts: list[int], dtype: np.dtype
     get_address = MPI.Get_address
     for array, count in zip(arrays, counts):
         if array is not None and count:
-            if array.size != count or array.dtype != dtype or not array.flags.c_contiguous:
+            flags = array.flags
+            if array.size != count or array.dtype != dtype or not flags.c_contiguous \
+                    or not flags.writeable:  # MPI would write a read-only array regardless
                 return None
             lengths.append(count * itemsize)
             addresses.append(get_address(array))

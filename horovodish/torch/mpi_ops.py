@@ -24,8 +24,9 @@ from ..common.messages import resolve_op as _resolve_op
 # or, for the single-tensor short path, (the core handle, the tensor to return): one
 # tuple per call instead of a tuple, a list and a closure (fewer objects for the
 # garbage collector, whose young-generation passes a 256-tensor burst would trigger).
-# No lock: next() on a count and single dict operations are atomic, and each is all
-# that registering or claiming a handle takes (a lock cost ~0.3 us per call of each).
+# No lock: under CPython's GIL next() on a count and single dict operations are
+# atomic, and each is all that registering or claiming a handle takes (a lock cost
+# ~0.3 us per call of each).
 _handle_ids = itertools.count()
 _handles: dict[int, tuple[list[Handle], Callable[[list[Any]], Any]] | tuple[Handle, Any]] = {}
 
@@ -50,15 +51,25 @@ def poll(handle: int) -> bool:
 
 
 def synchronize(handle: int) -> Any:
-    """Wait for handle; returns the output tensor(s) or raises HorovodInternalError."""
-    registered = _handles.pop(handle, None)
+    """Wait for handle; returns the output tensor(s) or raises HorovodInternalError.
+    The handle stays known (to poll from another thread) until the wait is over."""
+    registered = _handles.get(handle)
     if registered is None:
         raise _unknown(handle)
     handles, finish = registered
-    if type(handles) is not list:  # the short path's (core handle, tensor)
-        handles.wait()
-        return finish
-    return finish([h.wait() for h in handles])
+    try:
+        if type(handles) is not list:  # the short path's (core handle, tensor)
+            handles.wait()
+            return finish
+        return finish([h.wait() for h in handles])
+    finally:
+        _handles.pop(handle, None)
+
+
+def _name_or_auto(name: str | None, process_set: ProcessSet) -> str:
+    """_names() for one tensor: "" is a name like any other (as on the general path;
+    treating it as unnamed on one path only would let ranks pick different names)."""
+    return name if name is not None else core.auto_name("allreduce", process_set)
 
 
 def _plain_array(tensor: Any) -> np.ndarray | None:
@@ -167,7 +178,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     if array is not None and (name is None or isinstance(name, str)):
         output = torch.empty_like(tensor)
         return _register(core.allreduce_async(
-            array, output.numpy(), name or core.auto_name("allreduce", process_set), op,
+            array, output.numpy(), _name_or_auto(name, process_set), op,
             prescale_factor, postscale_factor, "cpu", process_set), output)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     return _grouped_allreduce_async([tensor], [output], name, op, prescale_factor,
@@ -183,7 +194,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     array = _plain_array(tensor)
     if array is not None and (name is None or isinstance(name, str)):  # ~2.5 us, not ~4.5
         return _register(core.allreduce_async(
-            array, array, name or core.auto_name("allreduce", process_set), op,
+            array, array, _name_or_auto(name, process_set), op,
             prescale_factor, postscale_factor, "cpu", process_set), tensor)
     output = _contiguous(tensor)
     write_back = _write_back([tensor], [output])

@@ -68,3 +68,14 @@ def test_one_datatype_packs_and_copies_back():
     strided = arrays[:2] + [np.zeros(10, np.float32)[::2]] + arrays[3:]
     assert scatterer.describe(strided, counts, np.dtype(np.float32)) is None
     assert scatterer.describe(arrays, counts, np.dtype(np.float64)) is None
+
+
+def test_read_only_outputs_are_not_written_behind_numpys_back():
+    """MPI ignores numpy's writeable flag: read-only outputs take the loop, which
+    raises as numpy does."""
+    outputs = [np.zeros(4, np.float32) for _ in range(MIN_OUTPUTS)]
+    outputs[3].flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        Scatterer().copy_out(np.ones(4 * MIN_OUTPUTS, np.float32), outputs, [4] * MIN_OUTPUTS)
+    assert not outputs[3].any()
+    assert Scatterer().describe(outputs, [4] * MIN_OUTPUTS, np.dtype(np.float32)) is None

@@ -151,12 +151,6 @@ class SharedMemoryBackend(Backend):
             pieces = self._plans[key] = _plan(counts, step)
         for first, end, low, high, offset in pieces:
             count = high - low if low >= 0 else sum(counts[first:end])
-            # In place, a run of many whole tensors is described once, for both copies:
-            # per tensor that saves as much Python as the copies themselves cost.
-            tensors = None
-            if in_place and low < 0 and end - first >= MIN_OUTPUTS and prescale == 1.0 \
-                    and block is None and not joined:
-                tensors = scatterer.describe(inputs[first:end], counts[first:end], dtype)
             # Halves alternate across calls too: a rank done with one call must not pack
             # into the half that a slower rank is still copying the last results from.
             self._pieces += 1
@@ -164,46 +158,55 @@ class SharedMemoryBackend(Backend):
             views = [segment[half:half + count * itemsize].view(dtype)
                      for segment in self._segments]
             mine = views[self.rank]
+            tensors = None  # an MPI datatype of this piece's tensors, freed at its end
             try:
-                if tensors is not None:
-                    scatterer.gather(tensors, mine)
-                elif low >= 0:  # part of one large tensor
-                    _pack_part(mine, inputs[first], low, high, prescale)
-                elif prescale == 1.0 and not joined:
-                    np.concatenate(inputs[first:end], axis=None, out=mine)  # flattens in C
-                else:
-                    _pack_run(mine, inputs[first:end], counts[first:end], prescale)
-                my_flag[0] = 0
-            except Exception as exc:
-                failure = failure or exc
-                my_flag[0] = 1
-            window.Sync()
-            barrier()
-            window.Sync()
-            failed_ranks.update(rank for rank, flag in enumerate(self._failed) if flag[0])
-            start, stop = count * self.rank // self.size, count * (self.rank + 1) // self.size
-            reduced = views[0][start:stop]
-            for other in views[1:]:
-                ufunc(reduced, other[start:stop], out=reduced)
-            if floor_divide_by:
-                np.floor_divide(reduced, floor_divide_by, out=reduced)
-            if postscale != 1.0:
-                np.multiply(reduced, postscale, out=reduced, casting="unsafe")
-            window.Sync()
-            barrier()
-            window.Sync()
-            result = views[0]
-            try:
-                if tensors is not None:
-                    scatterer.copy(result, tensors)
-                elif block is not None:
-                    np.copyto(block[offset:offset + count], result)
-                elif low >= 0:
-                    _unpack_part(result, outputs[first], low, high)
-                else:
-                    scatterer.copy_out(result, outputs[first:end], counts[first:end])
-            except Exception as exc:
-                failure = failure or exc
+                try:
+                    # In place, a run of many whole tensors is described once for both
+                    # copies: per tensor that saves as much Python as the copies cost.
+                    if in_place and low < 0 and end - first >= MIN_OUTPUTS and \
+                            prescale == 1.0 and block is None and not joined:
+                        tensors = scatterer.describe(inputs[first:end], counts[first:end],
+                                                     dtype)
+                    if tensors is not None:
+                        scatterer.gather(tensors, mine)
+                    elif low >= 0:  # part of one large tensor
+                        _pack_part(mine, inputs[first], low, high, prescale)
+                    elif prescale == 1.0 and not joined:
+                        np.concatenate(inputs[first:end], axis=None, out=mine)  # flattens in C
+                    else:
+                        _pack_run(mine, inputs[first:end], counts[first:end], prescale)
+                    my_flag[0] = 0
+                except Exception as exc:
+                    failure = failure or exc
+                    my_flag[0] = 1
+                window.Sync()
+                barrier()
+                window.Sync()
+                failed_ranks.update(rank for rank, flag in enumerate(self._failed) if flag[0])
+                start = count * self.rank // self.size
+                stop = count * (self.rank + 1) // self.size
+                reduced = views[0][start:stop]
+                for other in views[1:]:
+                    ufunc(reduced, other[start:stop], out=reduced)
+                if floor_divide_by:
+                    np.floor_divide(reduced, floor_divide_by, out=reduced)
+                if postscale != 1.0:
+                    np.multiply(reduced, postscale, out=reduced, casting="unsafe")
+                window.Sync()
+                barrier()
+                window.Sync()
+                result = views[0]
+                try:
+                    if tensors is not None:
+                        scatterer.copy(result, tensors)
+                    elif block is not None:
+                        np.copyto(block[offset:offset + count], result)
+                    elif low >= 0:
+                        _unpack_part(result, outputs[first], low, high)
+                    else:
+                        scatterer.copy_out(result, outputs[first:end], counts[first:end])
+                except Exception as exc:
+                    failure = failure or exc
             finally:
                 if tensors is not None:
                     tensors.Free()

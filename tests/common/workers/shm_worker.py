@@ -137,6 +137,23 @@ def main() -> None:
             expected = sum(contribution(r, c, np.float32, ReduceOp.SUM, seed + i)
                            for r in range(size))
             assert np.array_equal(tensor, expected), (rank, strided, i)
+    # Describing the tensors fails on rank 1 only: a failed pack like any other (every
+    # rank raises, no rank skips a barrier), and the next call works.
+    counts = [40] * 40
+    tensors = [np.ones(c, np.float32) for c in counts]
+    if rank == 1:
+        backend._scatterer.describe = lambda *args: (_ for _ in ()).throw(
+            MemoryError("no datatype"))
+    try:
+        backend.allreduce_into(tensors, counts, tensors, f32, ReduceOp.SUM, in_place=True)
+        raise AssertionError(f"rank {rank}: a failed describe must fail every rank")
+    except (MemoryError, RuntimeError) as exc:
+        assert rank == 1 or "rank 1 could not copy its input" in str(exc), exc
+    if rank == 1:
+        del backend._scatterer.describe  # the class's method again
+    tensors = [np.ones(c, np.float32) for c in counts]
+    backend.allreduce_into(tensors, counts, tensors, f32, ReduceOp.SUM, in_place=True)
+    assert all(np.all(t == size) for t in tensors), tensors
     # In place through the Backend interface, across several pieces.
     buf = contribution(rank, 5000, np.float32, ReduceOp.SUM, 99)
     backend.allreduce(buf, ReduceOp.SUM)

@@ -1,0 +1,78 @@
+"""Integer handles of horovodish.torch, in one process (a world of one)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import horovodish.torch as hvd
+from horovodish.common.handles import Completions, Handle
+from horovodish.torch import mpi_ops
+
+
+@pytest.fixture
+def world_of_one():
+    hvd.init()
+    yield
+    hvd.shutdown()
+
+
+def _core_names(handle: int) -> list[str]:
+    handles = mpi_ops._handles[handle][0]
+    return [h.name for h in (handles if isinstance(handles, list) else [handles])]
+
+
+def test_a_given_name_reaches_the_core_unchanged_on_every_path(world_of_one):
+    """The short path (plain contiguous tensor) and the general one (strided, or needing
+    autograd's detach) must agree on names: "" included, or ranks whose tensors take
+    different paths would negotiate different names and wait for each other forever."""
+    plain, strided = torch.ones(4), torch.ones(4, 2)[:, 0]
+    graded = torch.ones(4, requires_grad=True)
+    for name in ("", "w"):
+        handles = [hvd.allreduce_async_(plain, name=name + ".a"),
+                   hvd.allreduce_async_(strided, name=name + ".b"),
+                   hvd.allreduce_async(plain, name=name + ".c"),
+                   hvd.allreduce_async(graded, name=name + ".d")]
+        assert [_core_names(h) for h in handles] == [[name + s] for s in (".a", ".b", ".c", ".d")]
+        for handle in handles:
+            assert torch.equal(hvd.synchronize(handle), torch.ones(4))
+    plain_empty = hvd.allreduce_async_(plain, name="")
+    strided_empty = None
+    try:
+        strided_empty = hvd.allreduce_async_(strided, name="")
+    except ValueError as exc:  # "" still in flight: the same name, as it must be
+        assert "''" in str(exc)
+    assert _core_names(plain_empty) == [""]
+    hvd.synchronize(plain_empty)
+    if strided_empty is not None:
+        assert _core_names(strided_empty) == [""]
+        hvd.synchronize(strided_empty)
+    # Unnamed ops number alike on both paths: the short path takes no extra number.
+    first = hvd.allreduce_async_(plain)
+    second = hvd.allreduce_async_(strided)
+    a, b = _core_names(first)[0], _core_names(second)[0]
+    assert int(b.rsplit(".", 1)[1]) == int(a.rsplit(".", 1)[1]) + 1, (a, b)
+    hvd.synchronize(first), hvd.synchronize(second)
+
+
+def test_poll_from_another_thread_while_synchronize_waits():
+    """A handle stays known until synchronize has finished waiting on it."""
+    completions = Completions()
+    pending = Handle("t", completions)
+    handle = mpi_ops._register([pending], lambda results: results[0])
+    returned: list = []
+    waiter = threading.Thread(target=lambda: returned.append(hvd.synchronize(handle)),
+                              daemon=True)
+    waiter.start()
+    time.sleep(0.1)
+    try:
+        assert hvd.poll(handle) is False  # not "unknown handle"
+    finally:  # never leave the waiter blocked, pass or fail
+        pending.finish("done")
+        completions.notify()
+        waiter.join(10)
+    assert returned == ["done"]
+    with pytest.raises(ValueError, match="unknown or was already synchronized"):
+        hvd.poll(handle)
