@@ -207,7 +207,9 @@ def idle_cost(comm: MPI.Comm, rounds: int = 6) -> dict:
     basics.init()
     size = comm.Get_size()
     ratio = comm.allreduce(float(np.median(ratios)), MPI.SUM) / size
-    share = comm.allreduce(float(np.mean(thread_share)), MPI.SUM) / size
+    # A round whose schedstat read failed (nan) is left out, not allowed to void the rest.
+    read = [share for share in thread_share if share == share]
+    share = comm.allreduce(float(np.mean(read)) if read else float("nan"), MPI.SUM) / size
     return {"runtime_thread_cpu_percent": 100.0 * share,
             "slowdown_percent": 100.0 * (1 - ratio)}
 
