@@ -98,6 +98,11 @@ class Controller:
         self._others_joined = False
         self.slow_cycles = 0
         self.fast_cycles = 0
+        # The last cycle that found every request a ready cache hit: its cache entries in
+        # submit order, in bit order, and its ready bits (see _replay).
+        self._last: tuple[list[CachedResponse], list[CachedResponse], int] | None = None
+        self.replay = True  # tests turn it off to compare against the general path
+        self.replays = 0
 
     @property
     def has_pending(self) -> bool:
@@ -107,19 +112,30 @@ class Controller:
         now = self.clock()
         timeline = self.timeline
         waiting = self._waiting
-        join = _JOIN
-        for request in new_requests:
-            waiting[request.name] = (request, now)
-            if request.type is join:
-                self._joined = True
-            elif timeline is not None:
-                timeline.negotiate_start(request.name, request.type.opname)
-                timeline.rank_ready(request.name, self.rank)
-
-        hits, hit_bits, uncached, vector = self._classify(now, shutdown)
+        fresh = not waiting  # every request of this cycle arrived in it
+        replayed = self._replay(new_requests, shutdown) if fresh and self.replay else None
+        if replayed is not None:
+            hits, hit_bits, vector = replayed
+            uncached: list[_Waiting] = []
+        else:
+            self._add(new_requests, now)
+            hits, hit_bits, uncached, vector = self._classify(now, shutdown)
         reduced = self.transport.allreduce_and(vector)
         flags, ready, invalid, leaving = self._decode(reduced)
         ready &= ~invalid
+        if replayed is not None:
+            if ready == hit_bits and not invalid and not flags:
+                # All ready everywhere, nothing else to do: the last cycle's responses.
+                self.fast_cycles += 1
+                self.replays += 1
+                self._others_joined = False
+                return CycleResult(responses=self.cache.take_entries(self._last[1]),
+                                   shutdown_ranks=_bits_of(leaving))
+            self._add(new_requests, now)  # the general path from here, as if classified
+        record = fresh and not uncached and not invalid and ready == hit_bits and \
+            not flags and not self._joined and self.replay
+        if record:
+            order = list(hits)  # submit order, before the sort below
 
         if invalid:
             for bit in _bits_of(invalid):
@@ -145,6 +161,8 @@ class Controller:
             for response in responses:
                 pop(response.name, None)
             result.responses = responses
+        if record and hits:
+            self._last = (order, hits, hit_bits)
 
         if flags & FLAG_UNCACHED:
             result.negotiated_slow = True
@@ -154,6 +172,39 @@ class Controller:
         else:
             self.fast_cycles += 1
         return result
+
+    def _add(self, new_requests: list[Request], now: float) -> None:
+        waiting, timeline, join = self._waiting, self.timeline, _JOIN
+        for request in new_requests:
+            waiting[request.name] = (request, now)
+            if request.type is join:
+                self._joined = True
+            elif timeline is not None:
+                timeline.negotiate_start(request.name, request.type.opname)
+                timeline.rank_ready(request.name, self.rank)
+
+    def _replay(self, new_requests: list[Request], shutdown: bool
+                ) -> tuple[list[CachedResponse], int, np.ndarray] | None:
+        """In steady state a cycle brings the same requests as the last one that found
+        every request a ready cache hit: then classifying them one by one (and sorting
+        and bookkeeping them) gives the same hits, bits and vector again, so check that
+        each request is still the same cached one and reuse the rest. None when
+        anything differs; the caller then takes the general path. Decided on this rank
+        alone, which is safe because it sends exactly what _classify would have sent."""
+        last = self._last
+        if last is None or len(new_requests) != len(last[0]) or shutdown or \
+                self._joined or self._others_joined or self.timeline is not None or \
+                self.params_to_send is not None or not self._stall_age > 0:
+            return None
+        cached_as = self.cache.cached_as
+        for request, cached in zip(new_requests, last[0]):
+            # Fresh requests are never stale (stall age > 0), and no rank has joined.
+            if cached_as(request.name) is not cached or cached.signature != request:
+                return None
+        flags = 0
+        if self.coordinator is not None and self.coordinator.check_stall():
+            flags |= FLAG_SHUTDOWN | FLAG_STALLED
+        return list(last[0]), last[2], self._encode(flags, last[2], 0, 0)
 
     def _classify(self, now: float, shutdown: bool
                   ) -> tuple[list[CachedResponse], int, list[_Waiting], np.ndarray]:

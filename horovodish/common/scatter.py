@@ -40,8 +40,8 @@ class Scatterer:
     def _by_datatype(self, buf: np.ndarray, outputs: list[np.ndarray | None],
                      counts: list[int]) -> bool:
         """One self-message from buf to the outputs; False when some output is not a
-        C-contiguous array of buf's dtype and of exactly its count (then the caller
-        loops, and np.copyto casts or raises as it should)."""
+        writeable C-contiguous array of buf's dtype and of exactly its count (then the
+        caller loops, and np.copyto casts or raises as it should)."""
         layout = _layout(outputs, counts, buf.dtype)
         if layout is None:
             return False
@@ -50,8 +50,9 @@ class Scatterer:
             return True
         target = MPI.BYTE.Create_hindexed(lengths, addresses).Commit()
         try:
-            if buf.nbytes == sum(lengths):
-                self.copy(buf, target)
+            total = sum(lengths)
+            if source_offsets is None or buf.nbytes == total:  # the outputs' bytes in a row
+                self.copy(buf.view(np.uint8)[:total], target)
             else:  # some outputs skipped: a gapped source
                 gapped = MPI.BYTE.Create_hindexed(lengths, source_offsets).Commit()
                 try:
@@ -89,24 +90,31 @@ class Scatterer:
 
 
 def _layout(arrays: list[np.ndarray | None], counts: list[int], dtype: np.dtype
-            ) -> tuple[list[int], list[int], list[int]] | None:
+            ) -> tuple[list[int], list[int], list[int] | None] | None:
     """(byte lengths, absolute addresses, byte offsets in the concatenation) of the
-    non-empty arrays (None: skipped); None when one is not a writeable C-contiguous
-    array of dtype and of exactly its count."""
+    non-empty arrays (None: skipped); offsets None when nothing is skipped (then they
+    are the running sum of the lengths). None when an array is not a writeable
+    C-contiguous array of dtype and of exactly its count."""
     itemsize = dtype.itemsize
+    gaps = False
+    for array, count in zip(arrays, counts):
+        if array is None or not count:
+            gaps = True
+            continue
+        flags = array.flags
+        if array.size != count or array.dtype != dtype or not flags.c_contiguous \
+                or not flags.writeable:  # MPI would write a read-only array regardless
+            return None
+    if not gaps:  # the usual case: two C-level passes
+        return [count * itemsize for count in counts], list(map(MPI.Get_address, arrays)), None
     lengths: list[int] = []
     addresses: list[int] = []
     offsets: list[int] = []
     offset = 0
-    get_address = MPI.Get_address
     for array, count in zip(arrays, counts):
         if array is not None and count:
-            flags = array.flags
-            if array.size != count or array.dtype != dtype or not flags.c_contiguous \
-                    or not flags.writeable:  # MPI would write a read-only array regardless
-                return None
             lengths.append(count * itemsize)
-            addresses.append(get_address(array))
+            addresses.append(MPI.Get_address(array))
             offsets.append(offset * itemsize)
         offset += count
     return lengths, addresses, offsets

@@ -226,3 +226,61 @@ def test_fusion_buffers_are_reused():
     second = buffers.get(__import__("numpy").dtype("float32"), 50)
     assert first.base is second.base or first.__array_interface__["data"] == \
         second.__array_interface__["data"]
+
+
+def test_repeated_all_hit_cycles_replay_and_agree_with_the_general_path():
+    """Identical bursts replay the last all-hit cycle (no per-request classification);
+    the responses and the cache's LRU order must be exactly the general path's."""
+    worlds = [FakeWorld(2, cache_capacity=64) for _ in range(2)]
+    for controller in worlds[1].controllers:
+        controller.replay = False
+    burst = [ar(f"t{i}") for i in range(40)]
+    for step in range(5):
+        results = [w.cycle({0: burst, 1: burst[::-1]}) for w in worlds]
+        assert names(results[0][0]) == names(results[1][0]) == names(results[0][1])
+        assert sorted(names(results[0][0])) == sorted(r.name for r in burst)
+    assert worlds[0].controllers[0].replays == 3  # negotiated, recorded, then replayed
+    assert worlds[1].controllers[0].replays == 0
+    caches = [list(w.controllers[0].cache._by_name) for w in worlds]
+    assert caches[0] == caches[1]
+
+
+def test_replay_and_general_path_agree_on_random_streams():
+    """Two worlds fed the same random streams (partial readiness, shape changes, new
+    names, evictions from a small cache), one replaying and one not: every cycle must
+    give the same responses, errors and cache bits."""
+    import random
+
+    rng = random.Random(7)
+    worlds = [FakeWorld(2, cache_capacity=12) for _ in range(2)]
+    for controller in worlds[1].controllers:
+        controller.replay = False
+    pool = [f"n{i}" for i in range(16)]
+    shapes = {name: (4,) for name in pool}
+    pending: list[set[str]] = [set(), set()]
+    steady = pool[:8]
+    for step in range(400):
+        requests: dict[int, list[Request]] = {}
+        mode = rng.random()
+        for rank in range(2):
+            if mode < 0.6:  # the steady burst, all of it, both ranks
+                chosen = [n for n in steady if n not in pending[rank]]
+            else:
+                chosen = [n for n in rng.sample(pool, rng.randint(0, 6)) if n not in pending[rank]]
+            if rng.random() < 0.05 and chosen:  # one rank changes a shape
+                name = rng.choice(chosen)
+                requests.setdefault(rank, []).extend(ar(n, shape=(5,) if n == name else shapes[n])
+                                                     for n in chosen)
+            else:
+                requests[rank] = [ar(n, shape=shapes[n]) for n in chosen]
+            pending[rank].update(r.name for r in requests.get(rank, []))
+        results = [w.cycle(requests) for w in worlds]
+        for rank in range(2):
+            got = [(r.name, r.error) for r in results[0][rank].responses]
+            assert got == [(r.name, r.error) for r in results[1][rank].responses], step
+            pending[rank].difference_update(name for name, _ in got)
+        bits = [{n: c.bit for n, c in w.controllers[0].cache._by_name.items()} for w in worlds]
+        assert bits[0] == bits[1], step
+        assert list(worlds[0].controllers[0].cache._by_name) == \
+            list(worlds[1].controllers[0].cache._by_name), step
+    assert worlds[0].controllers[0].replays > 20  # the replay did run, often
