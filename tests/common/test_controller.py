@@ -252,9 +252,10 @@ def test_replay_and_general_path_agree_on_random_streams():
     import random
 
     rng = random.Random(7)
-    worlds = [FakeWorld(2, cache_capacity=12) for _ in range(2)]
+    worlds = [FakeWorld(2, cache_capacity=12) for _ in range(3)]
     for controller in worlds[1].controllers:
         controller.replay = False
+    worlds[2].controllers[1].replay = False  # ranks may decide differently: still alike
     pool = [f"n{i}" for i in range(16)]
     shapes = {name: (4,) for name in pool}
     pending: list[set[str]] = [set(), set()]
@@ -277,10 +278,12 @@ def test_replay_and_general_path_agree_on_random_streams():
         results = [w.cycle(requests) for w in worlds]
         for rank in range(2):
             got = [(r.name, r.error) for r in results[0][rank].responses]
-            assert got == [(r.name, r.error) for r in results[1][rank].responses], step
+            for other in results[1:]:
+                assert got == [(r.name, r.error) for r in other[rank].responses], step
             pending[rank].difference_update(name for name, _ in got)
-        bits = [{n: c.bit for n, c in w.controllers[0].cache._by_name.items()} for w in worlds]
-        assert bits[0] == bits[1], step
-        assert list(worlds[0].controllers[0].cache._by_name) == \
-            list(worlds[1].controllers[0].cache._by_name), step
+        for rank in range(2):
+            caches = [w.controllers[rank].cache._by_name for w in worlds]
+            bits = [{n: c.bit for n, c in cache.items()} for cache in caches]
+            assert bits[0] == bits[1] == bits[2], step
+            assert list(caches[0]) == list(caches[1]) == list(caches[2]), step  # LRU order
     assert worlds[0].controllers[0].replays > 20  # the replay did run, often
