@@ -103,8 +103,8 @@ class Runtime:
     def _wake(self) -> None:
         """Wake the idle thread (the lock is held). Once is enough: the woken thread
         needs the GIL, which the submitting thread keeps for the rest of its burst, so
-        the flag would stay set and every further submit would pay a notify (7 us per
-        torch submit instead of 1.5 before this)."""
+        the flag would stay set and every further submit would pay a notify (0.2 us
+        of a 1.35 us submit)."""
         self._idle_waiting = False
         self._cv.notify()
 
