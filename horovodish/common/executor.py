@@ -139,7 +139,7 @@ class Executor:
         self._phase("MEMCPY_IN_FUSION_BUFFER")
         if single:  # one tensor: one piece
             _scaled_copy(buf, mine[0].tensor.reshape(-1), pre)
-            self._reduce(first, buf, counts, mine, op, backend)
+            self._reduce(first, buf, counts, op, backend)
         else:  # in the same pieces, though the result block is contiguous
             offset, failure = 0, None
             for start, end in pieces:
@@ -150,7 +150,7 @@ class Executor:
                 except Exception as exc:  # never skip a collective the others will run
                     failure = failure or exc
                     part.fill(0)
-                self._reduce(first, part, counts[start:end], mine[start:end], op, backend)
+                self._reduce(first, part, counts[start:end], op, backend)
                 offset += size
             if failure is not None:
                 raise failure
@@ -180,7 +180,6 @@ class Executor:
                 if output is not tensor:
                     in_place = False
                     owned = owned or output is None
-                entry.tensor = None  # consumed (the list holds it until packed)
         floor_by = self.size if first.reduce_op == ReduceOp.AVERAGE and \
             first.dtype not in FLOATING else 0
         self._phase("SHM_ALLREDUCE")
@@ -211,19 +210,16 @@ class Executor:
             self._pack(buf, mine, counts, dtype, pre)
         except Exception as exc:
             buf.fill(0)  # still take part in the collective, contributing nothing
-            self._reduce(first, buf, counts, mine, op, backend)
+            self._reduce(first, buf, counts, op, backend)
             raise _CopyFailed() from exc
-        self._reduce(first, buf, counts, mine, op, backend)
+        self._reduce(first, buf, counts, op, backend)
         try:
             self._unpack(buf, mine, counts, post)
         except Exception as exc:
             raise _CopyFailed() from exc
 
-    def _reduce(self, first: Response, buf: np.ndarray, counts: list[int],
-                mine: list[Entry | None], op: ReduceOp, backend) -> None:
-        for entry in mine:  # inputs are consumed: let the caller's thread free them
-            if entry is not None:
-                entry.tensor = None
+    def _reduce(self, first: Response, buf: np.ndarray, counts: list[int], op: ReduceOp,
+                backend) -> None:
         if op == ReduceOp.ADASUM:
             self._phase("ADASUM_ALLREDUCE")
             self.adasum.allreduce(buf, counts)

@@ -195,11 +195,8 @@ class Runtime:
                 for group, mine in zip(groups, entries):
                     self.executor.execute(group, mine, ready_at)
                     notify()
-                del entries, mine
-            # Drop this cycle's entries now, not when the next cycle rebinds them: they
-            # hold the callers' input tensors (a training step's old gradients), whose
-            # memory the next backward pass should be able to reuse while we sleep.
-            del new_entries
+            # (Finished entries have dropped their tensors, so holding this cycle's lists
+            # until the next cycle keeps no caller's memory alive.)
             if timeline is not None:
                 timeline.flush()
             if result.params is not None:
