@@ -99,8 +99,10 @@ class Controller:
         self.slow_cycles = 0
         self.fast_cycles = 0
         # The last cycle that found every request a ready cache hit: its cache entries in
-        # submit order, in bit order, and its ready bits (see _replay).
-        self._last: tuple[list[CachedResponse], list[CachedResponse], int] | None = None
+        # submit order, in bit order, its ready bits, its requests and the cache version
+        # it saw (see _replay).
+        self._last: tuple[list[CachedResponse], list[CachedResponse], int, list[Request],
+                          int] | None = None
         self.replay = True  # tests turn it off to compare against the general path
         self.replays = 0
 
@@ -162,7 +164,8 @@ class Controller:
                 pop(response.name, None)
             result.responses = responses
         if record and hits:
-            self._last = (order, hits, hit_bits)
+            self._last = (order, hits, hit_bits, [cached.signature for cached in order],
+                          self.cache.version)
 
         if flags & FLAG_UNCACHED:
             result.negotiated_slow = True
@@ -190,17 +193,18 @@ class Controller:
         and bookkeeping them) gives the same hits, bits and vector again, so check that
         each request is still the same cached one and reuse the rest. None when
         anything differs; the caller then takes the general path. Decided on this rank
-        alone, which is safe because it sends exactly what _classify would have sent."""
+        alone, which is safe because it sends exactly what _classify would have sent.
+
+        An unchanged cache version means each name still maps to the same entry with
+        the same signature, and those signatures are the recorded requests: so equal
+        request lists (compared in C) are the whole test. Fresh requests are never stale
+        (stall age > 0), and no rank has joined."""
         last = self._last
-        if last is None or len(new_requests) != len(last[0]) or shutdown or \
+        if last is None or last[4] != self.cache.version or shutdown or \
                 self._joined or self._others_joined or self.timeline is not None or \
-                self.params_to_send is not None or not self._stall_age > 0:
+                self.params_to_send is not None or not self._stall_age > 0 or \
+                new_requests != last[3]:
             return None
-        cached_as = self.cache.cached_as
-        for request, cached in zip(new_requests, last[0]):
-            # Fresh requests are never stale (stall age > 0), and no rank has joined.
-            if cached_as(request.name) is not cached or cached.signature != request:
-                return None
         flags = 0
         if self.coordinator is not None and self.coordinator.check_stall():
             flags |= FLAG_SHUTDOWN | FLAG_STALLED

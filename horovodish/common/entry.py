@@ -43,3 +43,14 @@ class Entry(Handle):
         self._error = error
         self.tensor = self.output = self.allocate = None
         self._done = True
+
+
+def finish_all(entries: list[Entry | None], results: list[Any]) -> None:
+    """finish(result) for each entry of a group (None: a joined rank's), inlined: the
+    method call is half the cost of finishing one of hundreds of small tensors."""
+    for entry, result in zip(entries, results):
+        if entry is not None:
+            entry._result = result
+            entry._error = None
+            entry.tensor = entry.output = entry.allocate = None
+            entry._done = True

@@ -15,7 +15,7 @@ import numpy as np
 from .backends.adasum import Adasum
 from .backends.shm import SharedMemoryBackend
 from .dtypes import FLOATING, numpy_dtype
-from .entry import Entry
+from .entry import Entry, finish_all
 from .errors import HorovodInternalError
 from .fusion import FusionBuffers, ResultBlocks
 from .messages import ReduceOp, RequestType, Response
@@ -71,9 +71,7 @@ class Executor:
         finally:
             if timeline is not None:
                 timeline.group([r.name for r in group], first.type.name, self._marks, now_us())
-        for entry, result in zip(mine, results):
-            if entry is not None:
-                entry.finish(result)
+        finish_all(mine, results)
 
     def _run(self, kind: RequestType, group: list[Response], mine: list[Entry | None]) -> list:
         if kind == RequestType.ALLREDUCE:

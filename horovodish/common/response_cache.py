@@ -31,6 +31,11 @@ class ResponseCache:
         self._by_name: OrderedDict[str, CachedResponse] = OrderedDict()
         self._by_bit: dict[int, CachedResponse] = {}
         self._free_bits: list[int] = list(range(capacity))  # smallest free bit first
+        # Bumped by every insertion and removal: equal versions mean the same entries
+        # with the same signatures at the same bits (the controller's replay tests it).
+        self.version = 0
+        # The last take_entries: its list, its responses and the version it saw.
+        self._last_take: tuple[list[CachedResponse], list[Response], int] | None = None
         # cached_as(name): the entry for a name, or None. The dict's own get: this is the
         # controller's per-tensor test, and a method around it would double its cost.
         self.cached_as: Callable[[str], CachedResponse | None] = self._by_name.get
@@ -44,14 +49,21 @@ class ResponseCache:
         return self.take_entries([by_bit[bit] for bit in bits])
 
     def take_entries(self, entries: list[CachedResponse]) -> list[Response]:
-        """take() for entries in hand (no lookups by bit)."""
+        """take() for entries in hand (no lookups by bit). Taking the same list again,
+        with nothing taken, inserted or removed in between, leaves the LRU order as it
+        is: those entries are already the most recent, in that order (a training step
+        takes the same list every step)."""
+        last = self._last_take
+        if last is not None and last[0] is entries and last[2] == self.version:
+            return list(last[1])
         to_end = self._by_name.move_to_end
         responses = []
         for cached in entries:
             response = cached.response
             to_end(response.name)
             responses.append(response)
-        return responses
+        self._last_take = (entries, responses, self.version)
+        return list(responses)
 
     def bits(self) -> list[tuple[int, Response]]:
         return [(bit, cached.response) for bit, cached in self._by_bit.items()]
@@ -70,6 +82,7 @@ class ResponseCache:
         cached = CachedResponse(response, signature, bit)
         self._by_name[response.name] = cached
         self._by_bit[bit] = cached
+        self.version += 1
 
     def erase(self, bit: int) -> None:
         cached = self._by_bit.pop(bit, None)
@@ -77,3 +90,4 @@ class ResponseCache:
             return
         del self._by_name[cached.response.name]
         heapq.heappush(self._free_bits, bit)
+        self.version += 1

@@ -228,6 +228,28 @@ def test_fusion_buffers_are_reused():
         second.__array_interface__["data"]
 
 
+def test_cache_retake_keeps_lru_order_exact():
+    """Taking the same entries again skips the LRU moves only while nothing was taken,
+    inserted or removed in between."""
+    from horovodish.common.response_cache import ResponseCache
+
+    cache = ResponseCache(8)
+    for name in "abcd":
+        cache.put(Response(name=name, type=RequestType.ALLREDUCE), ar(name))
+    entries = [cache.cached_as(n) for n in "ab"]
+    assert [r.name for r in cache.take_entries(entries)] == ["a", "b"]
+    assert list(cache._by_name) == list("cdab")
+    cache.put(Response(name="e", type=RequestType.ALLREDUCE), ar("e"))
+    cache.take_entries(entries)  # after an insertion: moved again
+    assert list(cache._by_name) == list("cdeab")
+    cache.take_entries([cache.cached_as("c")])
+    cache.take_entries(entries)  # after another take: moved again
+    assert list(cache._by_name) == list("decab")
+    first = cache.take_entries(entries)
+    first.append("caller's")  # the caller owns the list it gets
+    assert [r.name for r in cache.take_entries(entries)] == ["a", "b"]
+
+
 def test_repeated_all_hit_cycles_replay_and_agree_with_the_general_path():
     """Identical bursts replay the last all-hit cycle (no per-request classification);
     the responses and the cache's LRU order must be exactly the general path's."""
