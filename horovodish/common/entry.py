@@ -38,7 +38,8 @@ class Entry(Handle):
         self.allocate = allocate
 
     def finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        """Also drops the tensors: the caller may keep the handle long after."""
+        """Also drops the tensors: the caller may keep the handle long after.
+        (finish_all inlines this for whole groups: keep the two in step.)"""
         self._result = result
         self._error = error
         self.tensor = self.output = self.allocate = None

@@ -63,16 +63,17 @@ def test_no_lost_wake_up_under_races():
     assert completions.waiters == 0
 
 
-def test_a_finished_entry_no_longer_holds_the_tensors():
-    """An entry is the caller's handle: once finished it must not keep the input (a
-    training step's old gradient) or the output alive for as long as the caller keeps
-    the handle."""
+@pytest.mark.parametrize("by_group", [False, True])
+def test_a_finished_entry_no_longer_holds_the_tensors(by_group: bool):
+    """An entry is the caller's handle: once finished (alone, or with its group by
+    finish_all) it must not keep the input (a training step's old gradient) or the
+    output alive for as long as the caller keeps the handle."""
     import gc
     import weakref
 
     import numpy as np
 
-    from horovodish.common.entry import Entry
+    from horovodish.common.entry import Entry, finish_all
     from horovodish.common.messages import Request, RequestType
 
     tensor, output = np.ones(4), np.zeros(4)
@@ -82,7 +83,10 @@ def test_a_finished_entry_no_longer_holds_the_tensors():
     del tensor, output
     gc.collect()
     assert all(ref() is not None for ref in refs)  # held while in flight
-    entry.finish("result")
+    if by_group:
+        finish_all([None, entry], [None, "result"])  # None: a joined rank's place
+    else:
+        entry.finish("result")
     gc.collect()
     assert [ref() for ref in refs] == [None, None]
     assert entry.wait() == "result" and entry.name == "t"
