@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from . import interrupts
 from .config import Config
 from .errors import not_initialized_error
 
@@ -58,8 +59,12 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False) -> A
                 MPIBackend(comm)]
     controller = Controller(MPITransport(comm), config.cache_capacity, stall)
     executor = Executor(OperationManager(backends), rank, size, Adasum(comm))
+    from mpi4py import MPI
+    # A blocked caller runs cycles itself, so MPI is called from its thread too.
+    caller_runs = config.caller_runs and MPI.Query_thread() == MPI.THREAD_MULTIPLE
     runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,
-                      stall_message=(lambda: stall.last_report) if stall else None)
+                      stall_message=(lambda: stall.last_report) if stall else None,
+                      caller_runs=caller_runs)
     if config.autotune and rank == 0:
         from .autotune import Autotuner, Params
         runtime.autotuner = Autotuner(
@@ -100,6 +105,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
                       "your own threads while horovodish runs.")
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         cross = world.Split(local.Get_rank(), key=rank)
+        if config.caller_runs:
+            interrupts.install()  # lets the main thread run cycles (see interrupts.py)
         runtime = build_runtime(world, config, record_timeline=True)
         dynamic = process_sets == "dynamic" or config.dynamic_process_sets
         _state = _State(config, world, world.Dup(), local, cross, runtime, rank, size, dynamic)

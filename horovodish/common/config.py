@@ -80,6 +80,7 @@ class Config:
     autotune_log: str | None = None
     log_level: str = "warning"
     dynamic_process_sets: bool = False
+    caller_runs: bool = True
     # Names of the variables the user set explicitly; autotune leaves those alone.
     explicit: frozenset[str] = field(default_factory=frozenset)
 
@@ -109,5 +110,6 @@ class Config:
             autotune_log=_read(env, "AUTOTUNE_LOG", str, "") or None,
             log_level=_read(env, "LOG_LEVEL", _choice(LOG_LEVELS), "warning"),
             dynamic_process_sets=_read(env, "DYNAMIC_PROCESS_SETS", _parse_bool, False),
+            caller_runs=_read(env, "CALLER_RUNS", _parse_bool, True),
             explicit=explicit,
         )

@@ -19,7 +19,7 @@ import time
 from operator import attrgetter
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 import numpy as np
 
@@ -40,6 +40,20 @@ _ALLREDUCE = RequestType.ALLREDUCE
 _BIT_OF = attrgetter("bit")
 
 
+class Pending:
+    """A bitwise-AND allreduce in flight (``Transport.start_allreduce_and``)."""
+
+    def __init__(self, result: np.ndarray) -> None:
+        self._result = result
+
+    def wait(self, deadline: float | None = None) -> bool:
+        """Block until it is done (True), or until perf_counter() passes deadline (False)."""
+        return True
+
+    def result(self) -> np.ndarray:
+        return self._result
+
+
 class Transport(ABC):
     """The three collectives negotiation needs; MPI in production, a fake in tests."""
 
@@ -49,6 +63,10 @@ class Transport(ABC):
     @abstractmethod
     def allreduce_and(self, words: np.ndarray) -> np.ndarray:
         """Bitwise AND of uint64 words across ranks."""
+
+    def start_allreduce_and(self, words: np.ndarray) -> Pending:
+        """allreduce_and without waiting for it; this default waits (fakes, one rank)."""
+        return Pending(self.allreduce_and(words))
 
     @abstractmethod
     def gather(self, obj: Any) -> list[Any] | None:
@@ -111,6 +129,16 @@ class Controller:
         return bool(self._waiting or self._sent)
 
     def cycle(self, new_requests: list[Request], shutdown: bool = False) -> CycleResult:
+        """One negotiation cycle, waiting for the other ranks."""
+        steps = self.cycle_steps(new_requests, shutdown)
+        next(steps).wait()
+        return finish_cycle(steps)
+
+    def cycle_steps(self, new_requests: list[Request], shutdown: bool = False
+                    ) -> Generator[Pending, None, CycleResult]:
+        """cycle() in two steps: it yields the posted allreduce, and once that is done,
+        resuming it (``finish_cycle``) returns the result. Whoever waits need not be the
+        thread that started it: a caller that stops waiting hands the rest over."""
         now = self.clock()
         timeline = self.timeline
         waiting = self._waiting
@@ -122,8 +150,9 @@ class Controller:
         else:
             self._add(new_requests, now)
             hits, hit_bits, uncached, vector = self._classify(now, shutdown)
-        reduced = self.transport.allreduce_and(vector)
-        flags, ready, invalid, leaving = self._decode(reduced)
+        pending = self.transport.start_allreduce_and(vector)
+        yield pending
+        flags, ready, invalid, leaving = self._decode(pending.result())
         ready &= ~invalid
         if replayed is not None:
             if ready == hit_bits and not invalid and not flags:
@@ -294,6 +323,15 @@ class Controller:
             elif response.error is None:
                 self.cache.put(response, request)
         return responses, params
+
+
+def finish_cycle(steps: Generator[Pending, None, CycleResult]) -> CycleResult:
+    """Resume a cycle from ``Controller.cycle_steps`` whose allreduce is done."""
+    try:
+        steps.send(None)
+    except StopIteration as end:
+        return end.value
+    raise RuntimeError("a negotiation cycle waited twice")
 
 
 def _mask(nbytes: int) -> int:

@@ -9,6 +9,7 @@ release per tensor; 256 tensors pay that twice over.)
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 
@@ -23,14 +24,21 @@ class Completions:
 
     __slots__ = ("_cv", "waiters", "_on_wait")
 
-    def __init__(self, on_wait: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_wait: Callable[[Handle, float | None], None] | None = None) -> None:
         self._cv = threading.Condition(threading.Lock())
         self.waiters = 0
         self._on_wait = on_wait
 
     def wait(self, handle: Handle, timeout: float | None) -> bool:
         if self._on_wait is not None:
-            self._on_wait()  # the caller is blocked now: no point batching longer
+            # The caller is blocked now: no point batching longer (the runtime may run
+            # the cycles on this thread, see Runtime._help).
+            start = time.monotonic()
+            self._on_wait(handle, timeout)
+            if handle._done:
+                return True
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - start))
         with self._cv:
             self.waiters += 1
             try:

@@ -11,7 +11,7 @@ from horovodish.common.handles import Completions, Handle
 
 def test_wait_returns_the_result_finished_by_another_thread():
     kicks = []
-    completions = Completions(lambda: kicks.append(1))
+    completions = Completions(lambda handle, timeout: kicks.append((handle.name, timeout)))
     handle = Handle("t", completions)
 
     def finish_later() -> None:
@@ -23,8 +23,8 @@ def test_wait_returns_the_result_finished_by_another_thread():
     start = time.perf_counter()
     assert handle.wait(timeout=30) == [1, 2]
     assert time.perf_counter() - start < 5  # woken by notify, not by the timeout
-    assert kicks == [1]  # a blocked caller asks the runtime not to wait for more work
-    assert handle.wait() == [1, 2] and kicks == [1]  # done: no kick, no blocking
+    assert kicks == [("t", 30)]  # a blocked caller asks the runtime not to wait for more
+    assert handle.wait() == [1, 2] and kicks == [("t", 30)]  # done: no kick, no blocking
 
 
 def test_errors_reach_the_caller_and_timeouts_name_the_tensor():

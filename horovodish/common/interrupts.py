@@ -1,0 +1,57 @@
+"""Holding back Ctrl-C while the main thread runs part of a collective.
+
+A caller blocked on a handle runs negotiation cycles itself (runtime.py), so a
+KeyboardInterrupt could land in the middle of a cycle: between two barriers of a
+shared-memory reduce, say, and the other ranks would wait in that barrier forever.
+While the main thread is inside such a critical section, SIGINT is only recorded, and
+raised as KeyboardInterrupt when the section ends. Python runs signal handlers in the
+main thread only, so other threads never need this.
+
+Installed at init() only over Python's default handler (a handler of the application's
+own is left alone; the main thread then does not run cycles itself). Swapping the
+handler per cycle would cost ~6 us; a flag costs nanoseconds.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+MAIN_THREAD = threading.main_thread().ident
+
+_critical = 0  # nesting depth of critical sections on the main thread
+_pending = False  # a SIGINT arrived during one
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    global _pending
+    if _critical:
+        _pending = True
+        return
+    signal.default_int_handler(signum, frame)
+
+
+def install() -> None:
+    """Take over SIGINT if Python's default handler has it (main thread only)."""
+    if threading.get_ident() == MAIN_THREAD and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
+def installed() -> bool:
+    return signal.getsignal(signal.SIGINT) is _on_sigint
+
+
+def enter() -> None:
+    """Start a critical section (main thread)."""
+    global _critical
+    _critical += 1
+
+
+def leave() -> None:
+    """End one; raises the KeyboardInterrupt held back during it, once none is left."""
+    global _critical, _pending
+    _critical -= 1
+    if not _critical and _pending:
+        _pending = False
+        raise KeyboardInterrupt
