@@ -140,6 +140,8 @@ def sigint(rank: int, size: int) -> None:
     for step in range(5):  # still in step afterwards
         got = submit(f"after.{step}", rank).wait()
         check(np.array_equal(got, expected(size)), f"after.{step}")
+    from horovodish.common import interrupts
+    check(interrupts._critical == 0, f"critical sections unbalanced: {interrupts._critical}")
 
 
 def main(mode: str) -> None:
