@@ -254,8 +254,8 @@ class Runtime:
         done within _CALLER_WAIT (a peer is late), the caller leaves it to the thread
         and blocks as before. On the main thread, Ctrl-C is held back (interrupts.py)
         except while waiting on a negotiation, which the thread then finishes."""
-        if not self.caller_runs:
-            self.kick()
+        if not self.caller_runs or self.timeline is not None:
+            self.kick()  # (a timeline's file writes would hold up the caller)
             return
         on_main = threading.get_ident() == interrupts.MAIN_THREAD
         if on_main and not interrupts.installed():
