@@ -22,10 +22,13 @@ class Completions:
     notifies under the lock, which it can only take once the waiter is waiting.
     """
 
-    __slots__ = ("_cv", "waiters", "_on_wait")
+    __slots__ = ("_lock", "_cv", "waiters", "_on_wait")
 
     def __init__(self, on_wait: Callable[[Handle, float | None], None] | None = None) -> None:
-        self._cv = threading.Condition(threading.Lock())
+        # Entered as the lock itself: its C-level with cannot be torn by a Ctrl-C the
+        # way Condition's Python-level __enter__ can (the lock would stay held).
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
         self.waiters = 0
         self._on_wait = on_wait
 
@@ -39,7 +42,7 @@ class Completions:
                 return True
             if timeout is not None:
                 timeout = max(0.0, timeout - (time.monotonic() - start))
-        with self._cv:
+        with self._lock:
             self.waiters += 1
             try:
                 return self._cv.wait_for(handle.done, timeout)
@@ -49,7 +52,7 @@ class Completions:
     def notify(self) -> None:
         """Call after finishing handles (once for a whole group is enough)."""
         if self.waiters:
-            with self._cv:
+            with self._lock:
                 self._cv.notify_all()
 
 

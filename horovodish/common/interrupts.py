@@ -8,7 +8,8 @@ raised as KeyboardInterrupt when the section ends. Python runs signal handlers i
 main thread only, so other threads never need this.
 
 Installed at init() only over Python's default handler (a handler of the application's
-own is left alone; the main thread then does not run cycles itself). Swapping the
+own is left alone; the main thread then does not run cycles itself, nor while any other
+signal has a Python handler: only SIGINT is held back). Swapping the
 handler per cycle would cost ~6 us; a flag costs nanoseconds.
 """
 from __future__ import annotations
@@ -38,8 +39,22 @@ def install() -> None:
         signal.signal(signal.SIGINT, _on_sigint)
 
 
+# Signals whose Python-level handlers (if any) could raise in the main thread.
+_OTHERS = [getattr(signal, name) for name in
+           ("SIGTERM", "SIGALRM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+           if hasattr(signal, name)]
+
+
 def installed() -> bool:
     return signal.getsignal(signal.SIGINT) is _on_sigint
+
+
+def safe_to_drive() -> bool:
+    """Whether the main thread may run a cycle: SIGINT is ours, and no other signal has
+    a Python handler, which could raise (SIGTERM -> sys.exit, say) in mid-cycle."""
+    if signal.getsignal(signal.SIGINT) is not _on_sigint:
+        return False
+    return not any(callable(signal.getsignal(signum)) for signum in _OTHERS)
 
 
 def enter() -> None:

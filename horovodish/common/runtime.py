@@ -56,7 +56,9 @@ class Runtime:
         self.cycle_time = cycle_time_ms / 1000.0
         self.rank = controller.rank
         self._stall_message = stall_message
-        self._lock = threading.Lock()  # taken directly on submit: a Condition's with costs more
+        # Always entered directly (`with self._lock`): cheaper than the Condition's with,
+        # and a C-level with cannot be torn by a Ctrl-C, leaving the lock held.
+        self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self.completions = Completions(self._help)
         self.caller_runs = caller_runs
@@ -129,12 +131,12 @@ class Runtime:
 
     def kick(self) -> None:
         """A caller is blocked on a handle: run the next cycle without waiting."""
-        with self._cv:
+        with self._lock:
             self._kicked = True
             self._cv.notify()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        with self._cv:
+        with self._lock:
             self._shutdown_requested = True
             self._cv.notify()
         if threading.current_thread() is not self._thread:
@@ -165,7 +167,7 @@ class Runtime:
     # -- cycles, on whichever thread drives --------------------------------------------
     def _start_cycle(self) -> tuple[CycleSteps, Pending]:
         """Take the queue and post its negotiation (the driver lock is held)."""
-        with self._cv:
+        with self._lock:
             entries, self._queue = self._queue, []
             shutdown = self._cycle_shutdown = self._shutdown_requested
         transport = self.controller.transport
@@ -191,7 +193,7 @@ class Runtime:
                 for response in result.responses:
                     timeline.negotiate_end(response.name)
             groups = self._planner.plan(result.responses, self.fusion_threshold)
-            with self._cv:  # this rank's entry per response (None: a joined rank's)
+            with self._lock:  # this rank's entry per response (None: a joined rank's)
                 pop = self._in_flight.pop
                 entries = [[pop(r.name, None) for r in group] for group in groups]
             notify = self.completions.notify
@@ -228,7 +230,7 @@ class Runtime:
 
     def _end(self, reason: str) -> None:
         """Stop for good: fail what is pending, wake the thread and every waiter. Once."""
-        with self._cv:
+        with self._lock:
             if self._stopped:
                 return
             self._stopped = True
@@ -252,15 +254,24 @@ class Runtime:
         is not running one. That saves the two thread hand-offs of every cycle (a 4 KiB
         allreduce: 59 against 34 us). When the thread is busy, or a negotiation is not
         done within _CALLER_WAIT (a peer is late), the caller leaves it to the thread
-        and blocks as before. On the main thread, Ctrl-C is held back (interrupts.py)
-        except while waiting on a negotiation, which the thread then finishes."""
+        and blocks as before. On the main thread, Ctrl-C is held back until the cycle
+        is done or handed over (interrupts.py); with other Python signal handlers
+        installed, the main thread leaves the cycles to the runtime thread."""
         if not self.caller_runs or self.timeline is not None:
             self.kick()  # (a timeline's file writes would hold up the caller)
             return
         on_main = threading.get_ident() == interrupts.MAIN_THREAD
-        if on_main and not interrupts.installed():
-            self.kick()  # the application's own SIGINT handler could strike mid-cycle
+        if on_main and not interrupts.safe_to_drive():
+            self.kick()  # a handler of the application's own could strike mid-cycle
             return
+        try:
+            self._drive_until(handle, timeout, on_main)
+        finally:
+            if self._queue or self.controller.has_pending:  # left for the thread
+                with self._lock:
+                    self._cv.notify()
+
+    def _drive_until(self, handle: Handle, timeout: float | None, on_main: bool) -> None:
         deadline = None if timeout is None else time.perf_counter() + timeout
         while not handle._done and not self._stopped:
             if deadline is not None and time.perf_counter() > deadline:
@@ -272,11 +283,13 @@ class Runtime:
                     self.kick()  # the thread is driving: let it go on at once
                     return
                 try:
-                    if self._stopped or not self._caller_cycle(on_main):
+                    if self._stopped or not self._caller_cycle():
                         return
-                except Exception as exc:  # fail what is pending, like the thread would
+                except BaseException as exc:  # fail what is pending, like the thread would
                     log.exception("horovodish cycle on a caller's thread failed")
-                    self._end(f" after an internal error: {exc}")
+                    self._end(f" after an internal error: {exc!r}")
+                    if not isinstance(exc, Exception):
+                        raise
                     return
                 finally:
                     self._driver.release()
@@ -284,25 +297,23 @@ class Runtime:
                 if on_main:
                     interrupts.leave()  # a Ctrl-C held back during the cycle goes off here
 
-    def _caller_cycle(self, on_main: bool) -> bool:
+    def _caller_cycle(self) -> bool:
         """One cycle on a caller's thread; False if it was handed to the runtime thread.
         A negotiation handed over earlier and not yet finished comes first: a rank's
         cycles must follow one another."""
-        with self._cv:
+        with self._lock:
             handed, self._handed_over = self._handed_over, None
         if handed is not None:
             steps, pending = handed
         else:
             steps, pending = self._start_cycle()
             self.caller_cycles += 1
+        # Still inside the critical section: a Ctrl-C meanwhile goes off once this wait
+        # (at most _CALLER_WAIT) and the hand-over or the cycle are done. (Leaving the
+        # section around the wait raced: a signal handled as enter() began raised
+        # before the count went back up, unbalancing it.)
         try:
-            try:  # interruptible while waiting on the other ranks (leave() may raise)
-                if on_main:
-                    interrupts.leave()
-                done = pending.wait(time.perf_counter() + _CALLER_WAIT)
-            finally:
-                if on_main:
-                    interrupts.enter()
+            done = pending.wait(time.perf_counter() + _CALLER_WAIT)
         except BaseException:
             self._hand_over(steps, pending)
             raise
@@ -315,7 +326,7 @@ class Runtime:
 
     def _hand_over(self, steps: CycleSteps, pending: Pending) -> None:
         self.handovers += 1
-        with self._cv:
+        with self._lock:
             self._handed_over = (steps, pending)
             self._cv.notify()
 
@@ -338,19 +349,25 @@ class Runtime:
             with self._driver:
                 if self._stopped:
                     return
-                with self._cv:
+                with self._lock:
                     handed, self._handed_over = self._handed_over, None
-                if handed is not None:  # a caller stopped waiting on this negotiation
-                    steps, pending = handed
-                elif self._queue or self.controller.has_pending or \
-                        self._shutdown_requested or \
-                        time.perf_counter() - self._last_cycle >= _IDLE_WAIT:
-                    last_start = time.perf_counter()
-                    steps, pending = self._start_cycle()
-                else:
-                    continue  # a caller ran the cycles meanwhile
-                pending.wait()
-                self._finish_cycle(steps)
+                try:
+                    if handed is not None:  # a caller stopped waiting on this negotiation
+                        steps, pending = handed
+                    elif self._queue or self.controller.has_pending or \
+                            self._shutdown_requested or \
+                            time.perf_counter() - self._last_cycle >= _IDLE_WAIT:
+                        last_start = time.perf_counter()
+                        steps, pending = self._start_cycle()
+                    else:
+                        continue  # a caller ran the cycles meanwhile
+                    pending.wait()
+                    self._finish_cycle(steps)
+                except BaseException as exc:
+                    # Stopped before the lock goes: no caller may start a cycle after
+                    # one abandoned midway.
+                    self._end(f" after an internal error: {exc}")
+                    raise
 
     def _end_job_after_grace(self, grace: float = 5.0) -> None:
         """A stall shutdown ends the job: pending handles fail now (so scripts can report
@@ -369,13 +386,21 @@ class Runtime:
     def _wait_for_work(self, last_start: float, idle_wait: float) -> float:
         """Until there is a cycle to run; returns when the batch started (its first
         submit), from which the cycle time counts."""
-        with self._cv:
+        with self._lock:
             if not self._queue and not self.controller.has_pending and \
                     self._handed_over is None:
                 # Idle: wake on submit, or after idle_wait to take part in negotiation.
-                self._idle_waiting = True
-                self._cv.wait_for(lambda: self._queue or self._shutdown_requested or
-                                  self._handed_over is not None or self._stopped, idle_wait)
+                # Re-armed after every wake: a caller may have taken the queue, or left
+                # work behind (it notifies then).
+                end = time.perf_counter() + idle_wait
+                while not (self._queue or self._shutdown_requested or self._stopped or
+                           self._handed_over is not None or self._kicked or
+                           self.controller.has_pending):
+                    remaining = end - time.perf_counter()
+                    if remaining <= 0:
+                        break
+                    self._idle_waiting = True
+                    self._cv.wait(remaining)
                 self._idle_waiting = False
                 if self._queue:
                     last_start = time.perf_counter()  # batch from the first submit on

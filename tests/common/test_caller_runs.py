@@ -27,6 +27,42 @@ def test_ctrl_c_interrupts_a_wait_but_never_a_cycle_half_done():
     assert "rank 0 ok" in result.stdout and "rank 1 ok" in result.stdout, result.stdout
 
 
+def test_a_storm_of_ctrl_c_keeps_critical_sections_balanced():
+    result = run_ranks(WORKER, 1, args=["storm"], timeout=120)
+    assert_ok(result)
+    assert "rank 0 ok" in result.stdout, result.stdout
+
+
+def test_work_nobody_waits_on_yet_starts_without_the_idle_timeout():
+    result = run_ranks(WORKER, 2, args=["idle"], timeout=120)
+    assert_ok(result)
+    assert "rank 0 ok" in result.stdout and "rank 1 ok" in result.stdout, result.stdout
+
+
+def test_a_cycle_failing_on_the_thread_stops_the_runtime_before_a_caller_can_drive():
+    result = run_ranks(WORKER, 1, args=["thread_failure"], timeout=120)
+    assert_ok(result)
+    assert "rank 0 ok" in result.stdout, result.stdout
+
+
+def test_main_thread_drives_only_without_other_python_signal_handlers():
+    watched = [signal.SIGINT, *interrupts._OTHERS]  # pytest-timeout may hold SIGALRM
+    previous = {signum: signal.getsignal(signum) for signum in watched}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in interrupts._OTHERS:
+        signal.signal(signum, signal.SIG_DFL)
+    try:
+        interrupts.install()
+        assert interrupts.safe_to_drive()
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)  # could raise SystemExit
+        assert not interrupts.safe_to_drive()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        assert interrupts.safe_to_drive()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def test_sigint_is_held_back_inside_a_critical_section_only():
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
