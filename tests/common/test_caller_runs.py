@@ -13,36 +13,24 @@ from multirank import assert_ok, run_ranks
 WORKER = Path(__file__).parent / "workers" / "caller_runs_worker.py"
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_a_late_peer_hands_the_negotiation_to_the_runtime_thread(np_):
-    result = run_ranks(WORKER, np_, args=["late"], timeout=120)
+# (worker mode, ranks): what each checks is in the worker's docstring.
+CASES = {
+    "a late peer hands the negotiation to the runtime thread (2 ranks)": ("late", 2),
+    "a late peer hands the negotiation to the runtime thread (3 ranks)": ("late", 3),
+    "Ctrl-C interrupts a wait but never a cycle half done": ("sigint", 2),
+    "a storm of Ctrl-C keeps critical sections balanced": ("storm", 1),
+    "work nobody waits on yet starts without the idle timeout": ("idle", 2),
+    "a cycle failing on the thread stops the runtime before a caller drives":
+        ("thread_failure", 1),
+}
+
+
+@pytest.mark.parametrize("mode,ranks", list(CASES.values()), ids=list(CASES))
+def test_caller_runs(mode: str, ranks: int):
+    result = run_ranks(WORKER, ranks, args=[mode], timeout=120)
     assert_ok(result)
-    for rank in range(np_):
+    for rank in range(ranks):
         assert f"rank {rank} ok" in result.stdout, result.stdout
-
-
-def test_ctrl_c_interrupts_a_wait_but_never_a_cycle_half_done():
-    result = run_ranks(WORKER, 2, args=["sigint"], timeout=120)
-    assert_ok(result)
-    assert "rank 0 ok" in result.stdout and "rank 1 ok" in result.stdout, result.stdout
-
-
-def test_a_storm_of_ctrl_c_keeps_critical_sections_balanced():
-    result = run_ranks(WORKER, 1, args=["storm"], timeout=120)
-    assert_ok(result)
-    assert "rank 0 ok" in result.stdout, result.stdout
-
-
-def test_work_nobody_waits_on_yet_starts_without_the_idle_timeout():
-    result = run_ranks(WORKER, 2, args=["idle"], timeout=120)
-    assert_ok(result)
-    assert "rank 0 ok" in result.stdout and "rank 1 ok" in result.stdout, result.stdout
-
-
-def test_a_cycle_failing_on_the_thread_stops_the_runtime_before_a_caller_can_drive():
-    result = run_ranks(WORKER, 1, args=["thread_failure"], timeout=120)
-    assert_ok(result)
-    assert "rank 0 ok" in result.stdout, result.stdout
 
 
 def test_main_thread_drives_only_without_other_python_signal_handlers():
