@@ -42,6 +42,7 @@ _IDLE_POLL = 5e-3  # ... and while idle
 # How long a caller running a cycle itself waits on the other ranks' negotiation before
 # handing it to the runtime thread: a burst's ranks are a few hundred us apart.
 _CALLER_WAIT = 2e-3
+_RECHECK = 1e-3  # see _wait_for_work
 
 CycleSteps = Generator[Pending, None, CycleResult]
 
@@ -67,6 +68,7 @@ class Runtime:
         self._last_cycle = 0.0  # when the last cycle ended, on either thread
         self._cycle_shutdown = False  # whether this rank asked to shut down in this cycle
         self.caller_cycles = 0  # cycles run on callers' threads
+        self._helping = 0  # callers running cycles now (see _help)
         self.handovers = 0  # ... whose negotiation the runtime thread finished
         self._queue: list[Entry] = []
         self._kicked = False
@@ -264,11 +266,14 @@ class Runtime:
         if on_main and not interrupts.safe_to_drive():
             self.kick()  # a handler of the application's own could strike mid-cycle
             return
+        with self._lock:
+            self._helping += 1  # the thread stays out of the way meanwhile
         try:
             self._drive_until(handle, timeout, on_main)
         finally:
-            if self._queue or self.controller.has_pending:  # left for the thread
-                with self._lock:
+            with self._lock:
+                self._helping -= 1
+                if self._queue or self.controller.has_pending:  # left for the thread
                     self._cv.notify()
 
     def _drive_until(self, handle: Handle, timeout: float | None, on_main: bool) -> None:
@@ -354,13 +359,13 @@ class Runtime:
                 try:
                     if handed is not None:  # a caller stopped waiting on this negotiation
                         steps, pending = handed
-                    elif self._queue or self.controller.has_pending or \
-                            self._shutdown_requested or \
-                            time.perf_counter() - self._last_cycle >= _IDLE_WAIT:
+                    elif self._shutdown_requested or not self._helping and (
+                            self._queue or self.controller.has_pending or
+                            time.perf_counter() - self._last_cycle >= _IDLE_WAIT):
                         last_start = time.perf_counter()
                         steps, pending = self._start_cycle()
                     else:
-                        continue  # a caller ran the cycles meanwhile
+                        continue  # a caller runs the cycles, or ran them meanwhile
                     pending.wait()
                     self._finish_cycle(steps)
                 except BaseException as exc:
@@ -383,24 +388,37 @@ class Runtime:
         timer.daemon = True
         timer.start()
 
+    def _needed(self) -> bool:
+        """Whether the thread has a cycle to run now (the lock is held). Work a helping
+        caller will take is not the thread's."""
+        if self._stopped or self._shutdown_requested or self._kicked or \
+                self._handed_over is not None:
+            return True
+        return not self._helping and bool(self._queue or self.controller.has_pending)
+
     def _wait_for_work(self, last_start: float, idle_wait: float) -> float:
         """Until there is a cycle to run; returns when the batch started (its first
         submit), from which the cycle time counts."""
         with self._lock:
-            if not self._queue and not self.controller.has_pending and \
-                    self._handed_over is None:
-                # Idle: wake on submit, or after idle_wait to take part in negotiation.
-                # Re-armed after every wake: a caller may have taken the queue, or left
-                # work behind (it notifies then).
+            if not self._needed():
+                # Idle, or a caller runs the cycles: wake on submit, kick or hand-over,
+                # or after idle_wait to take part in negotiation. Woken for work that a
+                # caller then took, look again after a cycle time before asking to be
+                # woken again: re-armed at once, every submit of a submit-and-wait loop
+                # would wake this thread to fight the caller for the GIL (a 4 KiB
+                # allreduce: 108 against 70 us), and never re-armed, work submitted
+                # later but waited on only later would sit out the idle timeout.
                 end = time.perf_counter() + idle_wait
-                while not (self._queue or self._shutdown_requested or self._stopped or
-                           self._handed_over is not None or self._kicked or
-                           self.controller.has_pending):
+                armed = True
+                while not self._needed():
                     remaining = end - time.perf_counter()
                     if remaining <= 0:
                         break
-                    self._idle_waiting = True
-                    self._cv.wait(remaining)
+                    if armed:
+                        self._idle_waiting = True
+                        armed = not self._cv.wait(remaining)  # notified: not armed now
+                    else:
+                        armed = not self._cv.wait(min(remaining, _RECHECK))
                 self._idle_waiting = False
                 if self._queue:
                     last_start = time.perf_counter()  # batch from the first submit on
