@@ -67,8 +67,8 @@ class Runtime:
         self._handed_over: tuple[CycleSteps, Pending] | None = None  # for the thread to finish
         self._last_cycle = 0.0  # when the last cycle ended, on either thread
         self._cycle_shutdown = False  # whether this rank asked to shut down in this cycle
-        self.caller_cycles = 0  # cycles run on callers' threads
         self._helping = 0  # callers running cycles now (see _help)
+        self.caller_cycles = 0  # cycles run on callers' threads
         self.handovers = 0  # ... whose negotiation the runtime thread finished
         self._queue: list[Entry] = []
         self._kicked = False
@@ -317,11 +317,7 @@ class Runtime:
         # (at most _CALLER_WAIT) and the hand-over or the cycle are done. (Leaving the
         # section around the wait raced: a signal handled as enter() began raised
         # before the count went back up, unbalancing it.)
-        try:
-            done = pending.wait(time.perf_counter() + _CALLER_WAIT)
-        except BaseException:
-            self._hand_over(steps, pending)
-            raise
+        done = pending.wait(time.perf_counter() + _CALLER_WAIT)  # (if it raises, _end)
         if not done:
             self._hand_over(steps, pending)
             self.kick()
