@@ -168,6 +168,7 @@ def shutdown() -> None:
     with _lock:
         state_, _state = _state, None
     if state_ is not None:
+        _abort_if_failed(state_)
         for process_set in list(state_.process_sets.values()):
             if process_set.runtime is not None and process_set.process_set_id != 0:
                 process_set.runtime.shutdown()
@@ -179,6 +180,23 @@ def shutdown() -> None:
         # that init() and shutdown() can alternate indefinitely.
         _free_if_finished(state_.runtime, [state_.comm, state_.manage_comm,
                                            state_.local_comm, state_.cross_comm])
+
+
+def _abort_if_failed(state_: _State) -> None:
+    """A runtime that failed midway may have left other ranks inside a collective that
+    this rank will never join: freeing communicators or finalizing MPI would then wait
+    forever, here and there. End the job instead (the failure was already raised to
+    the script, which is now ending or re-initializing, and cannot recover either)."""
+    failed = [ps.runtime for ps in state_.process_sets.values()
+              if ps.runtime is not None and ps.runtime.failed and ps.runtime.controller.size > 1]
+    if failed:
+        import logging
+
+        from mpi4py import MPI
+        logging.getLogger("horovodish").error(
+            "aborting the job: horovodish shut down%s, and the other ranks may be waiting "
+            "in a collective this rank can no longer join", failed[0]._stop_reason)
+        MPI.COMM_WORLD.Abort(1)
 
 
 def _free_if_finished(runtime: Any, comms: list[Any]) -> None:

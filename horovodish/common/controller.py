@@ -47,7 +47,7 @@ class Pending:
         self._result = result
 
     def wait(self, deadline: float | None = None) -> bool:
-        """Block until it is done (True), or until perf_counter() passes deadline (False)."""
+        """Block until it is done (True), or until time.monotonic() passes deadline (False)."""
         return True
 
     def result(self) -> np.ndarray:
@@ -75,6 +75,9 @@ class Transport(ABC):
     @abstractmethod
     def bcast(self, obj: Any) -> Any:
         """The coordinator's obj on every rank."""
+
+    def close(self) -> None:
+        """Release what the transport holds (the runtime thread calls it as it exits)."""
 
 
 # A request not yet negotiated, with the time it reached the controller.
@@ -122,6 +125,7 @@ class Controller:
         self._last: tuple[list[CachedResponse], list[CachedResponse], int, list[Request],
                           int] | None = None
         self.replay = True  # tests turn it off to compare against the general path
+        self._encoded: tuple[tuple[int, int, int, int] | None, np.ndarray | None] = (None, None)
         self.replays = 0
 
     @property
@@ -284,12 +288,19 @@ class Controller:
 
     def _encode(self, flags: int, ready: int, invalid: int, leaving: int) -> np.ndarray:
         """[~flags | ready | ~invalid | ~leaving ranks] as uint64 words: one bitwise AND
-        computes the AND of the ready bits and the OR of everything stored inverted."""
+        computes the AND of the ready bits and the OR of everything stored inverted.
+        Steady state sends the same vector every cycle: the last one is kept (transports
+        only read it)."""
+        key = (flags, ready, invalid, leaving)
+        if key == self._encoded[0]:
+            return self._encoded[1]
         width, rank_width = 8 * self._words, 8 * self._rank_words
         raw = ((~flags) & _WORD_MASK).to_bytes(8, "little") + ready.to_bytes(width, "little") \
             + ((~invalid) & _mask(width)).to_bytes(width, "little") \
             + ((~leaving) & _mask(rank_width)).to_bytes(rank_width, "little")
-        return np.frombuffer(raw, dtype=np.uint64).copy()
+        vector = np.frombuffer(raw, dtype=np.uint64)  # read-only: nobody writes it
+        self._encoded = (key, vector)
+        return vector
 
     def _decode(self, words: np.ndarray) -> tuple[int, int, int, int]:
         raw = words.tobytes()

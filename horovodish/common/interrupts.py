@@ -14,6 +14,7 @@ handler per cycle would cost ~6 us; a flag costs nanoseconds.
 """
 from __future__ import annotations
 
+import _signal
 import signal
 import threading
 from types import FrameType
@@ -39,22 +40,31 @@ def install() -> None:
         signal.signal(signal.SIGINT, _on_sigint)
 
 
+_SIGINT = int(signal.SIGINT)
 # Signals whose Python-level handlers (if any) could raise in the main thread.
-_OTHERS = [getattr(signal, name) for name in
+_OTHERS = [int(getattr(signal, name)) for name in
            ("SIGTERM", "SIGALRM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
            if hasattr(signal, name)]
 
 
+# _signal's own getsignal: signal.getsignal wraps it to turn SIG_DFL / SIG_IGN into enum
+# members, ~6 us a call, and safe_to_drive asks for seven on every blocking wait.
+_raw_handler = _signal.getsignal
+
+
 def installed() -> bool:
-    return signal.getsignal(signal.SIGINT) is _on_sigint
+    return _raw_handler(signal.SIGINT) is _on_sigint
 
 
 def safe_to_drive() -> bool:
     """Whether the main thread may run a cycle: SIGINT is ours, and no other signal has
     a Python handler, which could raise (SIGTERM -> sys.exit, say) in mid-cycle."""
-    if signal.getsignal(signal.SIGINT) is not _on_sigint:
+    if _raw_handler(_SIGINT) is not _on_sigint:
         return False
-    return not any(callable(signal.getsignal(signum)) for signum in _OTHERS)
+    for signum in _OTHERS:
+        if callable(_raw_handler(signum)):
+            return False
+    return True
 
 
 def enter() -> None:

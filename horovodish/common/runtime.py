@@ -2,14 +2,19 @@
 
 Each cycle it drains the submit queue, negotiates (controller.py), plans fusion
 (fusion.py) and executes (executor.py). Pacing:
-  * with work pending, cycles are at most one cycle time apart, and a caller blocking in
-    synchronize() starts the next one at once (nothing more is coming from it);
+  * work nobody waits on starts one cycle time after the first submit of its batch,
+    and while requests wait on other ranks, cycles are one cycle time apart; a caller
+    blocking in synchronize() starts the next one at once (nothing more is coming from
+    it);
   * with nothing pending it still takes part in negotiation every _IDLE_WAIT, so that
     a peer with work this rank will never submit (a stall), a shutdown or a stall
-    report still gets through; a submit wakes it at once, which is what serves peers
-    in normal operation. Idle cycles cost the training thread: in a 22 ms training
-    step, backing off from 1 ms (four idle cycles a step) cost 5-15% of the step rate
-    against one cycle every 20 ms (docs/tuning.md).
+    report still gets through. Idle cycles cost the training thread: in a 22 ms
+    training step, backing off from 1 ms (four idle cycles a step) cost 5-15% of the
+    step rate against one cycle every 20 ms (docs/tuning.md).
+
+The thread sleeps on an alarm (alarm.py) set to when it next has a cycle to run
+(``_next_due``), not on a Condition: a submit only sets the time, so a caller that takes
+the work first never has the thread wake up to fight it for the GIL.
 
 A caller that blocks on a handle runs the cycles itself while the thread is not running
 one (``_help``): the thread stays for work nobody waits on yet, idle negotiation, and
@@ -24,6 +29,7 @@ import time
 from typing import Callable, Generator
 
 from . import interrupts
+from .alarm import make_alarm
 from .controller import Controller, CycleResult, Pending, finish_cycle
 from .entry import Entry
 from .errors import HorovodInternalError
@@ -42,7 +48,6 @@ _IDLE_POLL = 5e-3  # ... and while idle
 # How long a caller running a cycle itself waits on the other ranks' negotiation before
 # handing it to the runtime thread: a burst's ranks are a few hundred us apart.
 _CALLER_WAIT = 2e-3
-_RECHECK = 1e-3  # see _wait_for_work
 
 CycleSteps = Generator[Pending, None, CycleResult]
 
@@ -57,24 +62,27 @@ class Runtime:
         self.cycle_time = cycle_time_ms / 1000.0
         self.rank = controller.rank
         self._stall_message = stall_message
-        # Always entered directly (`with self._lock`): cheaper than the Condition's with,
-        # and a C-level with cannot be torn by a Ctrl-C, leaving the lock held.
+        # A C-level with cannot be torn by a Ctrl-C, leaving the lock held (a Condition's
+        # Python-level __enter__ can). It guards the queue and the thread's alarm.
         self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
+        self._alarm = make_alarm()  # when the thread must look next (see _next_due)
         self.completions = Completions(self._help)
         self.caller_runs = caller_runs
         self._driver = threading.Lock()  # held by whichever thread runs a cycle
         self._handed_over: tuple[CycleSteps, Pending] | None = None  # for the thread to finish
-        self._last_cycle = 0.0  # when the last cycle ended, on either thread
+        # time.monotonic() (the alarm's clock) of: the last cycle's start and end, on
+        # either thread, and the first submit since the queue was last taken
+        self._last_start = self._last_cycle = self._batch_start = 0.0
         self._cycle_shutdown = False  # whether this rank asked to shut down in this cycle
         self._helping = 0  # callers running cycles now (see _help)
         self.caller_cycles = 0  # cycles run on callers' threads
+        self._caller_cycle_s = 0.0  # how long the last one took
         self.handovers = 0  # ... whose negotiation the runtime thread finished
         self._queue: list[Entry] = []
         self._kicked = False
-        self._idle_waiting = False
         self._shutdown_requested = False
         self._stopped = False
+        self.failed = False  # stopped by an internal error (see _fail)
         self._stop_reason = ""
         self._in_flight: dict[str, Entry] = {}
         self._planner = FusionPlanner()
@@ -106,9 +114,9 @@ class Runtime:
                     "be unique among outstanding operations (pass a different name=).")
             for entry in entries:
                 in_flight[entry.request.name] = entry
+            if not self._queue:
+                self._batch_started()
             self._queue.extend(entries)
-            if self._idle_waiting:
-                self._wake()
 
     def submit_one(self, entry: Entry) -> None:
         """submit([entry]), minus the group bookkeeping."""
@@ -117,30 +125,29 @@ class Runtime:
             refused = self._stopped or name in self._in_flight
             if not refused:
                 self._in_flight[name] = entry
+                if not self._queue:
+                    self._batch_started()
                 self._queue.append(entry)
-                if self._idle_waiting:
-                    self._wake()
         if refused:
             self.submit([entry])  # raises the error that says why
 
-    def _wake(self) -> None:
-        """Wake the idle thread (the lock is held). Once is enough: the woken thread
-        needs the GIL, which the submitting thread keeps for the rest of its burst, so
-        the flag would stay set and every further submit would pay a notify (0.2 us
-        of a 1.35 us submit)."""
-        self._idle_waiting = False
-        self._cv.notify()
+    def _batch_started(self) -> None:
+        """The first submit into an empty queue (the lock is held): unless a caller takes
+        the work first, the thread runs it one cycle time from now. Once per batch: the
+        rest of a burst pays nothing here."""
+        now = self._batch_start = time.monotonic()
+        self._alarm.wake_by(now + self.cycle_time)
 
     def kick(self) -> None:
         """A caller is blocked on a handle: run the next cycle without waiting."""
         with self._lock:
             self._kicked = True
-            self._cv.notify()
+            self._alarm.wake_by(0.0)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         with self._lock:
             self._shutdown_requested = True
-            self._cv.notify()
+            self._alarm.wake_by(0.0)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
@@ -167,11 +174,28 @@ class Runtime:
         return not self._thread.is_alive()
 
     # -- cycles, on whichever thread drives --------------------------------------------
-    def _start_cycle(self) -> tuple[CycleSteps, Pending]:
-        """Take the queue and post its negotiation (the driver lock is held)."""
+    def _start_cycle(self, by_caller: bool = False) -> tuple[CycleSteps, Pending]:
+        """Take the queue and post its negotiation (the driver lock is held).
+
+        A caller that takes the work moves the thread's alarm out of its way (the
+        thread would wake to find nothing, and fight it for the GIL). Arming a timer
+        costs 3 to 15 us here (in a VM it reprograms the host's), so after short cycles
+        (a submit-and-wait loop) the alarm stays near and moves one cycle time on only
+        when about to go off: once every half cycle time, not twice a call, and a
+        submit, which arms only when the alarm is later than its batch needs
+        (``_batch_started``), then arms nothing. After long cycles (a burst) the alarm
+        would go off inside the next one: it moves to the idle time."""
         with self._lock:
             entries, self._queue = self._queue, []
             shutdown = self._cycle_shutdown = self._shutdown_requested
+            now = self._last_start = time.monotonic()
+            if by_caller and not (self._kicked or self._handed_over is not None or shutdown):
+                deadline, cycle_time = self._alarm.deadline, self.cycle_time
+                if self._caller_cycle_s < cycle_time / 4:
+                    if deadline < now + cycle_time / 2:
+                        self._alarm.set(now + cycle_time)
+                elif deadline < now + _IDLE_WAIT / 2:
+                    self._alarm.set(now + _IDLE_WAIT)
         transport = self.controller.transport
         if hasattr(transport, "max_sleep"):
             busy = bool(entries) or self.controller.has_pending
@@ -213,7 +237,7 @@ class Runtime:
             choice = self.autotuner.record(reduced)
             if choice is not None:
                 self.controller.params_to_send = choice
-        self._last_cycle = time.perf_counter()
+        self._last_cycle = time.monotonic()
         if result.shutdown:
             if result.stalled:
                 detail = self._stall_message() if self._stall_message else ""
@@ -241,7 +265,7 @@ class Runtime:
             self._in_flight.clear()
             self._queue.clear()
             self._handed_over = None
-            self._cv.notify_all()
+            self._alarm.wake_by(0.0)
         if self.timeline is not None:
             self.timeline.close()
         for entry in pending:
@@ -273,8 +297,10 @@ class Runtime:
         finally:
             with self._lock:
                 self._helping -= 1
-                if self._queue or self.controller.has_pending:  # left for the thread
-                    self._cv.notify()
+                if self._queue or self.controller.has_pending:
+                    # Work left behind (another thread's, or other ranks' late) is the
+                    # thread's again, from its cycle time on.
+                    self._alarm.set(self._next_due(time.monotonic()))
 
     def _drive_until(self, handle: Handle, timeout: float | None, on_main: bool) -> None:
         deadline = None if timeout is None else time.perf_counter() + timeout
@@ -292,7 +318,7 @@ class Runtime:
                         return
                 except BaseException as exc:  # fail what is pending, like the thread would
                     log.exception("horovodish cycle on a caller's thread failed")
-                    self._end(f" after an internal error: {exc!r}")
+                    self._fail(exc)
                     if not isinstance(exc, Exception):
                         raise
                     return
@@ -308,28 +334,30 @@ class Runtime:
         cycles must follow one another."""
         with self._lock:
             handed, self._handed_over = self._handed_over, None
+        start = time.monotonic()
         if handed is not None:
             steps, pending = handed
         else:
-            steps, pending = self._start_cycle()
+            steps, pending = self._start_cycle(by_caller=True)
             self.caller_cycles += 1
         # Still inside the critical section: a Ctrl-C meanwhile goes off once this wait
         # (at most _CALLER_WAIT) and the hand-over or the cycle are done. (Leaving the
         # section around the wait raced: a signal handled as enter() began raised
         # before the count went back up, unbalancing it.)
-        done = pending.wait(time.perf_counter() + _CALLER_WAIT)  # (if it raises, _end)
+        done = pending.wait(time.monotonic() + _CALLER_WAIT)  # (if it raises, _end)
         if not done:
             self._hand_over(steps, pending)
             self.kick()
             return False
         self._finish_cycle(steps)
+        self._caller_cycle_s = time.monotonic() - start
         return True
 
     def _hand_over(self, steps: CycleSteps, pending: Pending) -> None:
         self.handovers += 1
         with self._lock:
             self._handed_over = (steps, pending)
-            self._cv.notify()
+            self._alarm.wake_by(0.0)
 
     # -- the thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -339,91 +367,99 @@ class Runtime:
             reason = self._stop_reason
         except BaseException as exc:  # never die silently: fail what is pending
             log.exception("horovodish runtime thread failed")
-            reason = f" after an internal error: {exc}"
+            self._fail(exc)
         finally:
             self._end(reason)
+            with self._lock:  # (every other use of the alarm is under the lock too)
+                self._alarm.close()
+            # No caller is in a cycle once the driver is free, and none starts one once
+            # stopped. (A caller stuck in a collective with a dead peer: leave it be.)
+            if self._driver.acquire(timeout=5.0):
+                try:
+                    self.controller.transport.close()
+                finally:
+                    self._driver.release()
 
     def _loop(self) -> None:
-        last_start = 0.0
         while not self._stopped:
-            last_start = self._wait_for_work(last_start, _IDLE_WAIT)
+            self._sleep_until_due()
             with self._driver:
                 if self._stopped:
                     return
                 with self._lock:
                     handed, self._handed_over = self._handed_over, None
+                    # Looked at again under the driver: a caller may have run it meanwhile.
+                    due = handed is None and self._next_due(time.monotonic()) <= 0.0
+                    self._kicked = False
                 try:
                     if handed is not None:  # a caller stopped waiting on this negotiation
                         steps, pending = handed
-                    elif self._shutdown_requested or not self._helping and (
-                            self._queue or self.controller.has_pending or
-                            time.perf_counter() - self._last_cycle >= _IDLE_WAIT):
-                        last_start = time.perf_counter()
+                    elif due:
                         steps, pending = self._start_cycle()
                     else:
-                        continue  # a caller runs the cycles, or ran them meanwhile
+                        continue
                     pending.wait()
                     self._finish_cycle(steps)
                 except BaseException as exc:
                     # Stopped before the lock goes: no caller may start a cycle after
                     # one abandoned midway.
-                    self._end(f" after an internal error: {exc}")
+                    self._fail(exc)
                     raise
 
+    def _fail(self, exc: BaseException) -> None:
+        """A cycle failed midway: stop, failing what is pending, and end the job. Other
+        ranks may be inside a collective this rank will never join (a data allreduce
+        after the negotiation that agreed on it), and MPI cannot take a collective back:
+        they, and this rank's own MPI_Finalize, would wait forever. So the job is
+        aborted once this rank's script had the grace period to report the error, or
+        at once when it shuts down (``shutdown`` in basics.py)."""
+        with self._lock:
+            first = not self._stopped
+            self.failed = True
+        self._end(f" after an internal error: {exc!r}")
+        if first and self.controller.size > 1:
+            self._end_job_after_grace()
+
     def _end_job_after_grace(self, grace: float = 5.0) -> None:
-        """A stall shutdown ends the job: pending handles fail now (so scripts can report
-        and exit); a rank still running after the grace period is aborted, so no rank
-        that never calls another collective can keep the job alive."""
-        log.error("shutting down: %s", self._stop_reason.strip())
+        """A stall shutdown or an internal error ends the job: pending handles fail now
+        (so scripts can report and exit); a rank still running after the grace period is
+        aborted, so no rank that never calls another collective can keep the job alive."""
+        reason = self._stop_reason.strip()
+        log.error("shutting down: %s", reason)
 
         def abort() -> None:
             from mpi4py import MPI
-            log.error("aborting the job %g s after the stall shutdown", grace)
+            log.error("aborting the job %g s after horovodish shut down %s", grace, reason)
             MPI.COMM_WORLD.Abort(1)
         timer = threading.Timer(grace, abort)
         timer.daemon = True
         timer.start()
 
-    def _needed(self) -> bool:
-        """Whether the thread has a cycle to run now (the lock is held). Work a helping
-        caller will take is not the thread's."""
+    def _next_due(self, now: float) -> float:
+        """When the thread next has a cycle to run, in time.monotonic(); 0.0 if it has
+        one now (the lock is held). While a caller drives, the work is the caller's:
+        it hands back what it leaves (``_help``), so the thread only looks in once per
+        idle period, in case."""
         if self._stopped or self._shutdown_requested or self._kicked or \
                 self._handed_over is not None:
-            return True
-        return not self._helping and bool(self._queue or self.controller.has_pending)
+            return 0.0
+        if self._helping:
+            return now + _IDLE_WAIT
+        due = self._last_cycle + _IDLE_WAIT  # take part in negotiation while idle
+        if self._queue:
+            due = min(due, self._batch_start + self.cycle_time)
+        if self.controller.has_pending:  # requests waiting on other ranks
+            due = min(due, self._last_start + self.cycle_time)
+        return 0.0 if due <= now else due
 
-    def _wait_for_work(self, last_start: float, idle_wait: float) -> float:
-        """Until there is a cycle to run; returns when the batch started (its first
-        submit), from which the cycle time counts."""
-        with self._lock:
-            if not self._needed():
-                # Idle, or a caller runs the cycles: wake on submit, kick or hand-over,
-                # or after idle_wait to take part in negotiation. Woken for work that a
-                # caller then took, look again after a cycle time before asking to be
-                # woken again: re-armed at once, every submit of a submit-and-wait loop
-                # would wake this thread to fight the caller for the GIL (a 4 KiB
-                # allreduce: 108 against 70 us), and never re-armed, work submitted
-                # later but waited on only later would sit out the idle timeout.
-                end = time.perf_counter() + idle_wait
-                armed = True
-                while not self._needed():
-                    remaining = end - time.perf_counter()
-                    if remaining <= 0:
-                        break
-                    if armed:
-                        self._idle_waiting = True
-                        armed = not self._cv.wait(remaining)  # notified: not armed now
-                    else:
-                        armed = not self._cv.wait(min(remaining, _RECHECK))
-                self._idle_waiting = False
-                if self._queue:
-                    last_start = time.perf_counter()  # batch from the first submit on
-            deadline = last_start + self.cycle_time
-            while not (self._kicked or self._shutdown_requested or self._stopped or
-                       self._handed_over is not None):
-                remaining = deadline - time.perf_counter()
-                if remaining <= 0:
-                    break
-                self._cv.wait(remaining)
-            self._kicked = False
-            return last_start
+    def _sleep_until_due(self) -> None:
+        """Sleep on the alarm until the thread has a cycle to run. The alarm is set
+        under the lock from the state it guards, so whatever changes that state after
+        this sets it also moves it (submit, kick, hand-over, shutdown)."""
+        while True:
+            with self._lock:
+                due = self._next_due(time.monotonic())
+                if due == 0.0:
+                    return
+                self._alarm.set(due)
+            self._alarm.wait()

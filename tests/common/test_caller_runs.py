@@ -20,6 +20,7 @@ CASES = {
     "Ctrl-C interrupts a wait but never a cycle half done": ("sigint", 2),
     "a storm of Ctrl-C keeps critical sections balanced": ("storm", 1),
     "work nobody waits on yet starts without the idle timeout": ("idle", 2),
+    "a submit-and-wait loop leaves the runtime thread asleep": ("quiet", 2),
     "a cycle failing on the thread stops the runtime before a caller drives":
         ("thread_failure", 1),
 }

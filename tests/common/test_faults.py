@@ -32,3 +32,18 @@ def test_stall_inspector_names_tensor_and_rank_then_ends_the_job():
     assert elapsed < 30, elapsed
     assert "rank 1 has not submitted: lonely_tensor" in result.stdout, result.stdout
     assert "stall inspector" in result.stdout
+
+
+@pytest.mark.parametrize("mode", ["internal", "internal_caught"])
+def test_a_runtime_failing_midway_ends_the_job(mode):
+    """Rank 1 is inside the data allreduce that rank 0's failed cycle never joins: only
+    ending the job frees it. Rank 0 sees the error; the job exits non-zero, at once when
+    rank 0's script ends, after the grace period when it catches the error and lingers."""
+    start = time.monotonic()
+    result = run_ranks(WORKER, 2, args=[mode], timeout=90)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0, result.stdout
+    assert elapsed < 40, elapsed
+    assert "rank 0 got: horovodish was shut down after an internal error: " \
+        "RuntimeError('injected runtime failure')" in result.stdout, result.stdout
+    assert "aborting the job" in result.stdout, result.stdout

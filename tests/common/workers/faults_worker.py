@@ -1,6 +1,9 @@
 """A short training-like loop on the core API in which one rank misbehaves on purpose.
 
-Modes: kill (SIGKILL itself), raise (an exception), stall (never submits 'lonely_tensor').
+Modes: kill (SIGKILL itself), raise (an exception), stall (never submits 'lonely_tensor'),
+internal (rank 0's runtime fails inside a cycle, after the negotiation that sent rank 1
+into the data allreduce; rank 0's script then ends with the error) and internal_caught
+(the same, but rank 0 catches the error and keeps running).
 """
 from __future__ import annotations
 
@@ -28,6 +31,22 @@ def main(mode: str) -> None:
             time.sleep(120)  # never submits; the job must still end
         else:
             allreduce(1.0, "lonely_tensor")
+        return
+    if mode.startswith("internal"):
+        allreduce(1.0, "before")
+        if rank == 0:
+            runtime = basics.state().runtime
+
+            def failing_finish(steps):
+                raise RuntimeError("injected runtime failure")
+            runtime._finish_cycle = failing_finish
+        try:
+            allreduce(1.0, "after")
+        except Exception as exc:
+            sys.stdout.write(f"rank {rank} got: {exc}\n")
+            if mode == "internal_caught":
+                time.sleep(120)  # the job must still end, without this rank's help
+            raise
         return
     for step in range(10_000):
         if step == 20 and rank == 1:
