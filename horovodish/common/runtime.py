@@ -138,6 +138,28 @@ class Runtime:
         now = self._batch_start = time.monotonic()
         self._alarm.wake_by(now + self.cycle_time)
 
+    def _move_alarm(self, now: float) -> None:
+        """A caller took the work (the lock is held): the thread would wake inside this
+        cycle to find nothing to do, and fight the caller for the GIL. Arming a timer
+        costs 3 to 60 us in a VM (it reprograms the host's), so:
+
+        * in a submit-and-wait loop (short cycles, each batch submitted right after the
+          last cycle) the alarm stays one cycle time ahead, moved only when about to go
+          off: once every half cycle time, not twice a call, and the next submit finds
+          it early enough and arms nothing;
+        * otherwise (a long cycle, or compute between cycles) it would go off inside
+          the cycle or the gap after it: it moves to the idle time, and the next batch's
+          first submit arms it again (``_batch_started``). Predicting where the next
+          batch starts instead saved nothing measurable (bursts vary too much).
+        """
+        cycle_time, deadline = self.cycle_time, self._alarm.deadline
+        if self._caller_cycle_s < cycle_time / 4 and \
+                self._batch_start - self._last_cycle < cycle_time / 4:
+            if deadline < now + cycle_time / 2:
+                self._alarm.set(now + cycle_time)
+        elif deadline < now + _IDLE_WAIT / 2:
+            self._alarm.set(now + _IDLE_WAIT)
+
     def kick(self) -> None:
         """A caller is blocked on a handle: run the next cycle without waiting."""
         with self._lock:
@@ -177,25 +199,14 @@ class Runtime:
     def _start_cycle(self, by_caller: bool = False) -> tuple[CycleSteps, Pending]:
         """Take the queue and post its negotiation (the driver lock is held).
 
-        A caller that takes the work moves the thread's alarm out of its way (the
-        thread would wake to find nothing, and fight it for the GIL). Arming a timer
-        costs 3 to 15 us here (in a VM it reprograms the host's), so after short cycles
-        (a submit-and-wait loop) the alarm stays near and moves one cycle time on only
-        when about to go off: once every half cycle time, not twice a call, and a
-        submit, which arms only when the alarm is later than its batch needs
-        (``_batch_started``), then arms nothing. After long cycles (a burst) the alarm
-        would go off inside the next one: it moves to the idle time."""
+        A caller that takes the work moves the thread's alarm out of its way (see
+        ``_move_alarm``)."""
         with self._lock:
             entries, self._queue = self._queue, []
             shutdown = self._cycle_shutdown = self._shutdown_requested
             now = self._last_start = time.monotonic()
             if by_caller and not (self._kicked or self._handed_over is not None or shutdown):
-                deadline, cycle_time = self._alarm.deadline, self.cycle_time
-                if self._caller_cycle_s < cycle_time / 4:
-                    if deadline < now + cycle_time / 2:
-                        self._alarm.set(now + cycle_time)
-                elif deadline < now + _IDLE_WAIT / 2:
-                    self._alarm.set(now + _IDLE_WAIT)
+                self._move_alarm(now)
         transport = self.controller.transport
         if hasattr(transport, "max_sleep"):
             busy = bool(entries) or self.controller.has_pending
