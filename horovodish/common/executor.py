@@ -266,7 +266,7 @@ class Executor:
         if post != 1.0:
             np.multiply(buf, post, out=buf, casting="unsafe")
         self.scatterer.copy_out(buf, [e.output if e is not None else None for e in mine],
-                                counts)
+                                counts, sized=True)
 
     def _scales(self, first: Response) -> tuple[float, float]:
         """(prescale, postscale) as applied; Average's 1/size joins one of them."""

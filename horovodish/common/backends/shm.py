@@ -166,7 +166,7 @@ class SharedMemoryBackend(Backend):
                     if in_place and low < 0 and end - first >= MIN_OUTPUTS and \
                             prescale == 1.0 and block is None and not joined:
                         tensors = scatterer.describe(inputs[first:end], counts[first:end],
-                                                     dtype)
+                                                     dtype, sized=True)
                     if tensors is not None:
                         scatterer.gather(tensors, mine)
                     elif low >= 0:  # part of one large tensor
@@ -204,7 +204,8 @@ class SharedMemoryBackend(Backend):
                     elif low >= 0:
                         _unpack_part(result, outputs[first], low, high)
                     else:
-                        scatterer.copy_out(result, outputs[first:end], counts[first:end])
+                        scatterer.copy_out(result, outputs[first:end], counts[first:end],
+                                           sized=True)
                 except Exception as exc:
                     failure = failure or exc
             finally:
