@@ -80,7 +80,10 @@ class TimerfdAlarm:
     def _arm(self, deadline: float) -> None:
         if self._fd < 0:  # closed: the thread has exited
             return
-        self.deadline = deadline
+        # The time recorded is never earlier than the one armed, whatever this is
+        # interrupted by (a Ctrl-C is raised after a call returns): at worst a later
+        # wake_by arms again for nothing, never skips an arming it needed.
+        self.deadline = max(self.deadline, deadline)
         # Relative, at least 1 ns: an all-zero value would disarm the timer.
         delay = min(max(deadline - time.monotonic(), 1e-9), 3600.0)
         seconds = int(delay)
@@ -88,6 +91,7 @@ class TimerfdAlarm:
         value.tv_sec, value.tv_nsec = seconds, max(1, int((delay - seconds) * 1e9))
         if self._settime(self._fd, 0, self._spec_ref, None) != 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+        self.deadline = deadline
 
     def wait(self) -> None:
         """Block until the armed time (at once if it passed since it was armed)."""

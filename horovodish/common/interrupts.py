@@ -73,6 +73,11 @@ def enter() -> None:
     _critical += 1
 
 
+def held_back() -> bool:
+    """Whether a SIGINT waits for the critical section to end."""
+    return _pending
+
+
 def leave() -> None:
     """End one; raises the KeyboardInterrupt held back during it, once none is left."""
     global _critical, _pending

@@ -94,7 +94,19 @@ class Runtime:
 
     # -- called from user threads ------------------------------------------------------
     def submit(self, entries: list[Entry]) -> None:
-        """Enqueue entries atomically (a group negotiates in one cycle)."""
+        """Enqueue entries atomically (a group negotiates in one cycle). On the main
+        thread Ctrl-C is held back meanwhile: raised between the loop's registrations
+        and the enqueue, it would leave names in flight that never run."""
+        on_main = threading.get_ident() == interrupts.MAIN_THREAD
+        if on_main:
+            interrupts.enter()
+        try:
+            self._enqueue(entries)
+        finally:
+            if on_main:
+                interrupts.leave()
+
+    def _enqueue(self, entries: list[Entry]) -> None:
         with self._lock:
             if self._stopped:
                 raise HorovodInternalError(
@@ -112,11 +124,12 @@ class Runtime:
                 raise ValueError(
                     f"a collective on tensor name '{name}' is already in flight; names must "
                     "be unique among outstanding operations (pass a different name=).")
+            first = not self._queue
             for entry in entries:
                 in_flight[entry.request.name] = entry
-            if not self._queue:
-                self._batch_started()
             self._queue.extend(entries)
+            if first:  # last: a Ctrl-C raised in here must find the entries queued
+                self._batch_started()
 
     def submit_one(self, entry: Entry) -> None:
         """submit([entry]), minus the group bookkeeping."""
@@ -124,10 +137,13 @@ class Runtime:
         with self._lock:
             refused = self._stopped or name in self._in_flight
             if not refused:
+                first = not self._queue
+                # No call between these two, so no Ctrl-C either (Python raises it at
+                # calls and loops): registered means queued.
                 self._in_flight[name] = entry
-                if not self._queue:
-                    self._batch_started()
                 self._queue.append(entry)
+                if first:
+                    self._batch_started()
         if refused:
             self.submit([entry])  # raises the error that says why
 
@@ -291,9 +307,10 @@ class Runtime:
         is not running one. That saves the two thread hand-offs of every cycle (a 4 KiB
         allreduce: 59 against 34 us). When the thread is busy, or a negotiation is not
         done within _CALLER_WAIT (a peer is late), the caller leaves it to the thread
-        and blocks as before. On the main thread, Ctrl-C is held back until the cycle
-        is done or handed over (interrupts.py); with other Python signal handlers
-        installed, the main thread leaves the cycles to the runtime thread."""
+        and blocks as before. On the main thread, Ctrl-C is held back while it drives,
+        until the cycle it is in is done or handed over (interrupts.py); with other
+        Python signal handlers installed, the main thread leaves the cycles to the
+        runtime thread."""
         if not self.caller_runs or self.timeline is not None:
             self.kick()  # (a timeline's file writes would hold up the caller)
             return
@@ -301,43 +318,50 @@ class Runtime:
         if on_main and not interrupts.safe_to_drive():
             self.kick()  # a handler of the application's own could strike mid-cycle
             return
-        with self._lock:
-            self._helping += 1  # the thread stays out of the way meanwhile
+        if on_main:
+            # Held back for as long as this caller drives, not per cycle: raised between
+            # cycles, a Ctrl-C could land in the bookkeeping around them (a lock's
+            # acquire runs signal handlers while it blocks) and leave this caller
+            # counted as driving for good, which keeps the thread off queued work.
+            # _drive_until stops at the next cycle boundary once one is held back.
+            interrupts.enter()
         try:
-            self._drive_until(handle, timeout, on_main)
-        finally:
             with self._lock:
-                self._helping -= 1
-                if self._queue or self.controller.has_pending:
-                    # Work left behind (another thread's, or other ranks' late) is the
-                    # thread's again, from its cycle time on.
-                    self._alarm.set(self._next_due(time.monotonic()))
+                self._helping += 1  # the thread stays out of the way meanwhile
+            try:
+                self._drive_until(handle, timeout, on_main)
+            finally:
+                with self._lock:
+                    self._helping -= 1
+                    if self._queue or self.controller.has_pending:
+                        # Work left behind (another thread's, or other ranks' late) is
+                        # the thread's again, from its cycle time on.
+                        self._alarm.set(self._next_due(time.monotonic()))
+        finally:
+            if on_main:
+                interrupts.leave()  # a Ctrl-C held back meanwhile goes off here
 
     def _drive_until(self, handle: Handle, timeout: float | None, on_main: bool) -> None:
         deadline = None if timeout is None else time.perf_counter() + timeout
         while not handle._done and not self._stopped:
             if deadline is not None and time.perf_counter() > deadline:
                 return
-            if on_main:
-                interrupts.enter()
+            if on_main and interrupts.held_back():
+                return  # a Ctrl-C waits: no further cycle on this thread
+            if not self._driver.acquire(blocking=False):
+                self.kick()  # the thread is driving: let it go on at once
+                return
             try:
-                if not self._driver.acquire(blocking=False):
-                    self.kick()  # the thread is driving: let it go on at once
+                if self._stopped or not self._caller_cycle():
                     return
-                try:
-                    if self._stopped or not self._caller_cycle():
-                        return
-                except BaseException as exc:  # fail what is pending, like the thread would
-                    log.exception("horovodish cycle on a caller's thread failed")
-                    self._fail(exc)
-                    if not isinstance(exc, Exception):
-                        raise
-                    return
-                finally:
-                    self._driver.release()
+            except BaseException as exc:  # fail what is pending, like the thread would
+                log.exception("horovodish cycle on a caller's thread failed")
+                self._fail(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return
             finally:
-                if on_main:
-                    interrupts.leave()  # a Ctrl-C held back during the cycle goes off here
+                self._driver.release()
 
     def _caller_cycle(self) -> bool:
         """One cycle on a caller's thread; False if it was handed to the runtime thread.
@@ -426,7 +450,7 @@ class Runtime:
         at once when it shuts down (``shutdown`` in basics.py)."""
         with self._lock:
             first = not self._stopped
-            self.failed = True
+            self.failed = self.failed or first  # (not when it had stopped cleanly)
         self._end(f" after an internal error: {exc!r}")
         if first and self.controller.size > 1:
             self._end_job_after_grace()

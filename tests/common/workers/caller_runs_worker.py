@@ -46,14 +46,24 @@ def check(cond: bool, what: str) -> None:
 
 
 def late(rank: int, size: int) -> None:
+    """Rank 1 is 0.3 s late each step: every step that rank 0's caller started itself
+    must be handed to the runtime thread (rank 0 does not spin for 0.3 s). A step may
+    instead find the thread inside an idle negotiation (every 20 ms, holding the driver
+    lock while the other ranks' threads catch up): the thread then runs it, and there
+    is nothing to hand over."""
     runtime = global_process_set.runtime
-    for step in range(3):
+    steps = []
+    for step in range(4):
         if rank == 1:
             time.sleep(0.3)
+        caller_cycles, handovers = runtime.caller_cycles, runtime.handovers
         got = submit(f"late.{step}", rank).wait()
         check(np.array_equal(got, expected(size)), f"late.{step} = {got[:4]}")
+        steps.append((runtime.caller_cycles - caller_cycles, runtime.handovers - handovers))
     if rank == 0:
-        check(runtime.handovers >= 3, f"{runtime.handovers} hand-overs, expected >= 3")
+        check(all(handed >= 1 for driven, handed in steps if driven) and
+              sum(handed for _, handed in steps) >= 1,
+              f"(cycles the caller started, hand-overs) per step: {steps}")
     for step in range(20):  # ranks in step: callers run the cycles themselves
         got = submit(f"steady.{step}", rank).wait()
         check(np.array_equal(got, expected(size)), f"steady.{step}")
@@ -206,6 +216,16 @@ def storm(rank: int, size: int) -> None:
             pass
     pesterer.join()  # its last signal, if any, is ignored
     sys.setswitchinterval(0.005)
+    # Whatever a Ctrl-C interrupted, nothing is left behind: one rank alone, the runtime
+    # thread runs what no caller waits on any more, so no name stays in flight (one
+    # registered but never queued did), and no caller is still counted as driving (one
+    # left counted kept the thread off queued work for good).
+    settle = time.perf_counter() + 2.0
+    while (runtime._in_flight or runtime._helping) and time.perf_counter() < settle:
+        time.sleep(0.01)
+    check(not runtime._in_flight and runtime._helping == 0,
+          f"after the storm: {len(runtime._in_flight)} names still in flight "
+          f"({sorted(runtime._in_flight)[:3]}), {runtime._helping} callers counted as driving")
     sys.stdout.write(f"storm: {state['done']} ops, {state['interrupted']} interrupts\n")
     check(state["unbalanced"] is None, f"after {state['done']} ops: {state['unbalanced']}")
     check(state["interrupted"] > 0 and state["done"] > 0 and runtime.caller_cycles > 0,
@@ -264,9 +284,13 @@ def quiet(rank: int, size: int) -> None:
         got = submit("quiet", rank).wait()
         check(np.array_equal(got, expected(size)), f"quiet step {step}")
     elapsed = time.perf_counter() - start
-    check(runtime.caller_cycles >= calls, f"{runtime.caller_cycles} caller cycles")
-    # One per idle period (20 ms) is the floor: the wake-up that looks in, in case.
-    allowed = calls // 20 + elapsed / 0.02 + 2
+    # Nearly every cycle on the caller: one descheduled for 20 ms (a loaded machine)
+    # may see the thread take its work in an idle cycle.
+    check(runtime.caller_cycles >= calls - 5, f"{runtime.caller_cycles} caller cycles")
+    # One per idle period (20 ms) is the floor: the wake-up that looks in, in case; and
+    # a call slower than half a cycle time (a loaded machine) may let the alarm go off.
+    # Woken at every submit and every 1 ms, as before, it woke ~110 times in 600 calls.
+    allowed = calls // 10 + elapsed / 0.02 + 2
     check(wakes <= allowed, f"the runtime thread woke {wakes} times during {calls} "
           f"caller-driven allreduces in {elapsed:.2f} s (at most {allowed:.0f} expected)")
 
