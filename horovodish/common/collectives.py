@@ -14,7 +14,7 @@ import numpy as np
 
 from . import basics
 from .backends.adasum import is_power_of_two
-from .dtypes import check_reduction, dtype_name
+from .dtypes import check_reduction, dtype_name, known_dtype_name
 from .entry import Entry
 from .handles import Handle
 from .messages import ReduceOp, Request, RequestType
@@ -79,7 +79,7 @@ def _request(kind: RequestType, name: str, tensor: np.ndarray, device: str, **fi
 def reduction_request(kind: RequestType, name: str, tensor: np.ndarray, op: ReduceOp,
                       prescale: float, postscale: float, device: str) -> Request:
     # All ten fields through tuple.__new__: one request is built per submitted tensor.
-    dtype = dtype_name(tensor.dtype)
+    dtype = known_dtype_name(tensor.dtype) or dtype_name(tensor.dtype)
     if dtype == "bool" or op is _ADASUM:  # op is a member here
         check_reduction(dtype, op, prescale, postscale, kind.opname, name)
     return _new_tuple(Request, (name, kind, dtype, tensor.shape, op, -1, prescale, postscale,
@@ -146,7 +146,7 @@ def allreduce_async(tensor: np.ndarray, output: np.ndarray | None, name: str, op
     runtime = process_set.runtime
     entry = Entry(reduction_request(_ALLREDUCE, name, tensor, op, prescale, postscale, device),
                   tensor, runtime.completions, output)
-    runtime.submit_one(entry)
+    runtime.submit_one(entry, name)
     return entry
 
 

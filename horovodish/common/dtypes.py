@@ -34,6 +34,11 @@ def numpy_dtype(name: str) -> np.dtype:
     return _NUMPY[name]
 
 
+# The name of an array's dtype, or None (then dtype_name converts or says why): the
+# lookup alone, where a submit of hundreds of small tensors pays for every call.
+known_dtype_name = _NAMES.get
+
+
 def dtype_name(dtype: np.dtype) -> str:
     """The runtime's name for a numpy dtype; TypeError for one it cannot move."""
     name = _NAMES.get(dtype)  # an array's dtype: no conversion needed

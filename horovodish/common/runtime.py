@@ -131,9 +131,8 @@ class Runtime:
             if first:  # last: a Ctrl-C raised in here must find the entries queued
                 self._batch_started()
 
-    def submit_one(self, entry: Entry) -> None:
-        """submit([entry]), minus the group bookkeeping."""
-        name = entry.request.name
+    def submit_one(self, entry: Entry, name: str) -> None:
+        """submit([entry]) for entry.request.name == name, minus the group bookkeeping."""
         with self._lock:
             refused = self._stopped or name in self._in_flight
             if not refused:
