@@ -1,8 +1,11 @@
 """Negotiation over MPI without burning a core while waiting.
 
 MPICH's blocking calls busy-poll, so a rank waiting for a slow peer would steal a CPU
-from the training thread. The bit-vector allreduce is posted non-blocking and polled:
-a short spin for latency, then sleeps that grow with the wait.
+from the training thread. The bit-vector allreduce is a persistent collective, started
+each cycle and polled: on the runtime thread a short spin for latency, then sleeps that
+grow with the wait; on a caller that drives the cycle (blocked anyway, for at most its
+2 ms hand-over limit), polls with sched_yield in between, since one sleep costs more
+than most such waits on a small VM.
 """
 from __future__ import annotations
 
