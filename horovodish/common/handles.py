@@ -3,7 +3,7 @@
 A burst of small tensors creates and finishes hundreds of handles per cycle, so a handle
 holds no lock of its own: the runtime thread finishes handles by setting fields and then
 notifies the shared ``Completions`` once per group, and only a caller that actually has
-to block waits on its condition. (A lock per handle cost ~1 us to create, acquire and
+to block waits there. (A lock per handle cost ~1 us to create, acquire and
 release per tensor; 256 tensors pay that twice over.)
 """
 from __future__ import annotations
@@ -14,23 +14,33 @@ from typing import Any, Callable
 
 
 class Completions:
-    """One per runtime: the condition that blocked callers wait on.
+    """One per runtime: where callers that have to block on a handle wait.
 
-    Ordering argument (no lost wake-up): a finisher sets ``_done`` and only then reads
-    ``waiters``; a waiter registers in ``waiters`` under the lock and only then tests
-    ``_done``. Either the waiter sees the flag, or the finisher sees the waiter and
-    notifies under the lock, which it can only take once the waiter is waiting.
+    Each blocked caller waits on a lock of its own, held by it while it is on the list;
+    a finisher takes the whole list and releases every lock on it. The shared lock only
+    guards the list, and is only ever entered by C-level ``with``. (A Condition drops
+    and re-takes the shared lock in Python code inside its wait: a KeyboardInterrupt
+    landing between the two, from an application's SIGINT handler say, made the
+    caller's ``with`` release a lock it no longer held, or one the runtime thread held.)
+
+    No lost wake-up: a finisher sets ``_done`` and only then looks at the list; a
+    waiter puts itself on the list and only then tests ``_done``. Either the waiter
+    sees the flag, or the finisher sees the waiter and releases its lock, which a lock
+    remembers even when the waiter has not blocked on it yet. A waiter whose clean-up
+    is cut short by a Ctrl-C stays on the list only until the next notify.
     """
 
-    __slots__ = ("_lock", "_cv", "waiters", "_on_wait")
+    __slots__ = ("_lock", "_waiters", "_on_wait")
 
     def __init__(self, on_wait: Callable[[Handle, float | None], None] | None = None) -> None:
-        # Entered as the lock itself: its C-level with cannot be torn by a Ctrl-C the
-        # way Condition's Python-level __enter__ can (the lock would stay held).
         self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
-        self.waiters = 0
+        self._waiters: list[threading.Lock] = []  # each held by its blocked caller
         self._on_wait = on_wait
+
+    @property
+    def waiters(self) -> int:
+        """Callers blocked right now (or cut short since the last notify)."""
+        return len(self._waiters)
 
     def wait(self, handle: Handle, timeout: float | None) -> bool:
         if self._on_wait is not None:
@@ -42,18 +52,33 @@ class Completions:
                 return True
             if timeout is not None:
                 timeout = max(0.0, timeout - (time.monotonic() - start))
-        with self._lock:
-            self.waiters += 1
-            try:
-                return self._cv.wait_for(handle.done, timeout)
-            finally:
-                self.waiters -= 1
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waiter = threading.Lock()
+        waiter.acquire()
+        try:
+            while True:
+                with self._lock:
+                    self._waiters.append(waiter)
+                if handle._done:
+                    return True
+                if deadline is None:
+                    waiter.acquire()  # re-held once released: ready for the next round
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not waiter.acquire(True, remaining):
+                        return handle._done
+        finally:
+            with self._lock:
+                if waiter in self._waiters:  # not taken off by a notify
+                    self._waiters.remove(waiter)
 
     def notify(self) -> None:
         """Call after finishing handles (once for a whole group is enough)."""
-        if self.waiters:
+        if self._waiters:
             with self._lock:
-                self._cv.notify_all()
+                woken, self._waiters = self._waiters, []
+            for waiter in woken:
+                waiter.release()
 
 
 class Handle:

@@ -21,13 +21,17 @@ from types import FrameType
 
 MAIN_THREAD = threading.main_thread().ident
 
-_critical = 0  # nesting depth of critical sections on the main thread
+# Nesting depth of critical sections on the main thread. Public so that a caller can
+# change it inline: a signal handler that raises (an application's, for another signal)
+# runs as a call such as enter() returns, and would leave the count up with no leave()
+# to come, after which every Ctrl-C would only be recorded.
+depth = 0
 _pending = False  # a SIGINT arrived during one
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
     global _pending
-    if _critical:
+    if depth:
         _pending = True
         return
     signal.default_int_handler(signum, frame)
@@ -69,8 +73,8 @@ def safe_to_drive() -> bool:
 
 def enter() -> None:
     """Start a critical section (main thread)."""
-    global _critical
-    _critical += 1
+    global depth
+    depth += 1
 
 
 def held_back() -> bool:
@@ -80,8 +84,14 @@ def held_back() -> bool:
 
 def leave() -> None:
     """End one; raises the KeyboardInterrupt held back during it, once none is left."""
-    global _critical, _pending
-    _critical -= 1
-    if not _critical and _pending:
+    global depth
+    depth -= 1
+    raise_held_back()
+
+
+def raise_held_back() -> None:
+    """Once no critical section is left: raise the KeyboardInterrupt held back."""
+    global _pending
+    if not depth and _pending:
         _pending = False
         raise KeyboardInterrupt

@@ -94,19 +94,7 @@ class Runtime:
 
     # -- called from user threads ------------------------------------------------------
     def submit(self, entries: list[Entry]) -> None:
-        """Enqueue entries atomically (a group negotiates in one cycle). On the main
-        thread Ctrl-C is held back meanwhile: raised between the loop's registrations
-        and the enqueue, it would leave names in flight that never run."""
-        on_main = threading.get_ident() == interrupts.MAIN_THREAD
-        if on_main:
-            interrupts.enter()
-        try:
-            self._enqueue(entries)
-        finally:
-            if on_main:
-                interrupts.leave()
-
-    def _enqueue(self, entries: list[Entry]) -> None:
+        """Enqueue entries atomically (a group negotiates in one cycle)."""
         with self._lock:
             if self._stopped:
                 raise HorovodInternalError(
@@ -124,11 +112,14 @@ class Runtime:
                 raise ValueError(
                     f"a collective on tensor name '{name}' is already in flight; names must "
                     "be unique among outstanding operations (pass a different name=).")
+            new = {entry.request.name: entry for entry in entries}  # nothing registered yet
             first = not self._queue
-            for entry in entries:
-                in_flight[entry.request.name] = entry
-            self._queue.extend(entries)
-            if first:  # last: a Ctrl-C raised in here must find the entries queued
+            # Registered means queued: no call and no loop between the two (in-place |
+            # and + run in C), so no signal handler can raise in between, whichever it
+            # is; one raised there left names in flight that never ran.
+            in_flight |= new
+            self._queue += entries
+            if first:
                 self._batch_started()
 
     def submit_one(self, entry: Entry, name: str) -> None:
@@ -322,8 +313,9 @@ class Runtime:
             # cycles, a Ctrl-C could land in the bookkeeping around them (a lock's
             # acquire runs signal handlers while it blocks) and leave this caller
             # counted as driving for good, which keeps the thread off queued work.
-            # _drive_until stops at the next cycle boundary once one is held back.
-            interrupts.enter()
+            # _drive_until stops at the next cycle boundary once one is held back. The
+            # depth changes inline (see interrupts.depth).
+            interrupts.depth += 1
         try:
             with self._lock:
                 self._helping += 1  # the thread stays out of the way meanwhile
@@ -338,7 +330,8 @@ class Runtime:
                         self._alarm.set(self._next_due(time.monotonic()))
         finally:
             if on_main:
-                interrupts.leave()  # a Ctrl-C held back meanwhile goes off here
+                interrupts.depth -= 1
+                interrupts.raise_held_back()  # a Ctrl-C held back meanwhile goes off here
 
     def _drive_until(self, handle: Handle, timeout: float | None, on_main: bool) -> None:
         deadline = None if timeout is None else time.perf_counter() + timeout

@@ -19,6 +19,9 @@ CASES = {
     "a late peer hands the negotiation to the runtime thread (3 ranks)": ("late", 3),
     "Ctrl-C interrupts a wait but never a cycle half done": ("sigint", 2),
     "a storm of Ctrl-C keeps critical sections balanced": ("storm", 1),
+    "an application's raising SIGINT handler never orphans a group's names":
+        ("app_storm", 1),
+    "a Ctrl-C storm on one of two ranks leaves the runtime working": ("shared_storm", 2),
     "work nobody waits on yet starts without the idle timeout": ("idle", 2),
     "a submit-and-wait loop leaves the runtime thread asleep": ("quiet", 2),
     "a cycle failing on the thread stops the runtime before a caller drives":

@@ -90,3 +90,53 @@ def test_a_finished_entry_no_longer_holds_the_tensors(by_group: bool):
     gc.collect()
     assert [ref() for ref in refs] == [None, None]
     assert entry.wait() == "result" and entry.name == "t"
+
+
+def test_one_notify_wakes_every_waiter_and_each_waits_on_for_its_own_handle():
+    completions = Completions()
+    first, second = Handle("first", completions), Handle("second", completions)
+    got: dict[str, object] = {}
+    threads = [threading.Thread(target=lambda h=h: got.setdefault(h.name, h.wait(30)))
+               for h in (first, second)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while completions.waiters < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert completions.waiters == 2
+    first.finish(1)
+    completions.notify()  # wakes both; "second" is not done and waits again
+    threads[0].join(5)
+    assert got == {"first": 1} and threads[1].is_alive()
+    deadline = time.monotonic() + 5
+    while completions.waiters < 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    second.finish(2)
+    completions.notify()
+    threads[1].join(5)
+    assert got == {"first": 1, "second": 2} and completions.waiters == 0
+
+
+def test_a_ctrl_c_during_a_wait_leaves_no_waiter_behind():
+    """A KeyboardInterrupt out of a blocked wait (a Condition's wait could leave the
+    shared lock released by the wrong party): the waiter is gone, and the handle can
+    be waited on again."""
+    import os
+    import signal
+
+    completions = Completions()
+    handle = Handle("grad.b", completions)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            handle.wait(timeout=10)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert completions.waiters == 0
+    threading.Timer(0.05, lambda: (handle.finish("late"), completions.notify())).start()
+    assert handle.wait(timeout=10) == "late"
+    assert completions.waiters == 0

@@ -9,6 +9,10 @@ Modes:
           (b) in the middle of a cycle its main thread runs: held back until the cycle
           is done, so the ranks stay in step.
   storm   (one rank) SIGINTs every 0-200 us: critical sections stay balanced.
+  app_storm  (one rank) the same with an application's own raising SIGINT handler,
+          over grouped submits: no name left in flight.
+  shared_storm  (two ranks) the storm on rank 0 over names both ranks share: the
+          runtime keeps working.
   idle    work submitted after a caller's cycle, waited on only later, still starts
           within about the cycle time.
   thread_failure  (one rank) a cycle failing on the runtime thread stops the runtime
@@ -157,64 +161,39 @@ def sigint(rank: int, size: int) -> None:
         got = submit(f"after.{step}", rank).wait()
         check(np.array_equal(got, expected(size)), f"after.{step}")
     from horovodish.common import interrupts
-    check(interrupts._critical == 0, f"critical sections unbalanced: {interrupts._critical}")
+    check(interrupts.depth == 0, f"critical sections unbalanced: {interrupts.depth}")
 
 
 def storm(rank: int, size: int) -> None:
     """One rank alone: SIGINTs every 0-200 us while the main thread runs cycles. Every
     KeyboardInterrupt must leave the critical sections balanced (a signal handled as a
     section began once left the count at -1, after which Ctrl-C was mishandled)."""
-    import random
-
     from horovodish.common import interrupts
 
     runtime = global_process_set.runtime
     sys.setswitchinterval(1e-5)  # signals handled at finer points (found the race sooner)
     state = {"attempts": 0, "done": 0, "interrupted": 0, "unbalanced": None, "go": True}
     end = time.perf_counter() + 4.0
-
-    def pester() -> None:
-        while state["go"]:
-            time.sleep(random.uniform(0, 200e-6))
-            os.kill(os.getpid(), signal.SIGINT)
-
-    def run() -> None:  # all state in `state`: a KeyboardInterrupt may land anywhere
-        while True:
-            try:
-                if time.perf_counter() > end:
-                    state["go"] = False
-                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # signals in flight too
-                    return
-                state["attempts"] += 1  # a name per attempt: one may still be in flight
-                data = np.full(8, 2.0)
-                name = f"storm.{state['attempts']}"
-                got = collectives.allreduce_async(data, data, name, ReduceOp.SUM).wait()
-                if not np.array_equal(got, np.full(8, 2.0)):
-                    state["unbalanced"] = f"{name} = {got}"
-                state["done"] += 1
-            except KeyboardInterrupt:
-                state["interrupted"] += 1
-            except RuntimeError as exc:
-                # CPython's Condition.wait is not safe against an asynchronous
-                # KeyboardInterrupt: landing between its release and its try, one makes
-                # the `with` release an unlocked lock. (A storm finds that; one Ctrl-C
-                # while blocked in wait() will not.) Not ours to test here.
-                if "release unlocked lock" not in str(exc):
-                    raise
-                state["interrupted"] += 1
-            finally:
-                if interrupts._critical != 0 and state["unbalanced"] is None:
-                    state["unbalanced"] = f"critical count {interrupts._critical}"
-
-    pesterer = threading.Thread(target=pester, daemon=True)
-    pesterer.start()
+    restore = _sigint_in_library_only()
+    pesterer = _pester(state)
     while True:
         try:
-            run()
-            break
+            if time.perf_counter() > end:
+                break
+            state["attempts"] += 1  # a name per attempt: one may still be in flight
+            data = np.full(8, 2.0)
+            name = f"storm.{state['attempts']}"
+            got = collectives.allreduce_async(data, data, name, ReduceOp.SUM).wait()
+            if not np.array_equal(got, np.full(8, 2.0)):
+                state["unbalanced"] = f"{name} = {got}"
+            state["done"] += 1
         except KeyboardInterrupt:
-            pass
-    pesterer.join()  # its last signal, if any, is ignored
+            state["interrupted"] += 1
+        finally:
+            if interrupts.depth != 0 and state["unbalanced"] is None:
+                state["unbalanced"] = f"critical count {interrupts.depth}"
+    _calm(state, pesterer)
+    restore()
     sys.setswitchinterval(0.005)
     # Whatever a Ctrl-C interrupted, nothing is left behind: one rank alone, the runtime
     # thread runs what no caller waits on any more, so no name stays in flight (one
@@ -231,8 +210,6 @@ def storm(rank: int, size: int) -> None:
     check(state["interrupted"] > 0 and state["done"] > 0 and runtime.caller_cycles > 0,
           f"{state['done']} ops, {state['interrupted']} interrupts, "
           f"{runtime.caller_cycles} caller cycles")
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    interrupts.install()
 
 
 def idle(rank: int, size: int) -> None:
@@ -261,6 +238,170 @@ def idle(rank: int, size: int) -> None:
     if rank == 0:
         check(median(delays) < 0.008, f"median {median(delays) * 1e3:.1f} ms before the "
               "runtime thread ran work nobody waited on")
+
+
+def _pester(state: dict) -> threading.Thread:
+    """SIGINT every 0-200 us until state["go"] is False."""
+    import random
+
+    started = threading.Event()
+
+    def pester() -> None:
+        started.wait()  # not while the main thread is still in start() (threading.py)
+        while state["go"]:
+            time.sleep(random.uniform(0, 200e-6))
+            os.kill(os.getpid(), signal.SIGINT)
+    thread = threading.Thread(target=pester, daemon=True)
+    thread.start()
+    started.set()
+    return thread
+
+
+def _calm(state: dict, pesterer: threading.Thread) -> None:
+    """Stop the storm; SIGINT is ignored from here, signals already sent included."""
+    state["go"] = False
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (runs any pending one: ignored)
+    pesterer.join()
+
+
+_LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(collectives.__file__)))
+
+
+def _in_library(frame) -> bool:
+    """Whether a signal handler runs inside horovodish or the threading module (the
+    waits it uses), rather than in a test's own loop or in signal.signal itself."""
+    path = "" if frame is None else frame.f_code.co_filename
+    return path.startswith(_LIBRARY) or path == threading.__file__
+
+
+def _sigint_in_library_only():
+    """Keep the library's SIGINT handler (so the main thread still drives), but drop a
+    signal that arrives outside the library: a storm test's loop has to survive a
+    KeyboardInterrupt anywhere in the library, and could not survive one in its own
+    except clauses. Returns a function that puts the plain handler back."""
+    from horovodish.common import interrupts
+
+    library_handler = interrupts._on_sigint
+
+    def in_library_only(signum, frame):
+        if _in_library(frame):
+            library_handler(signum, frame)
+    interrupts._on_sigint = in_library_only  # safe_to_drive checks for this one
+    signal.signal(signal.SIGINT, in_library_only)
+
+    def restore() -> None:
+        interrupts._on_sigint = library_handler
+        signal.signal(signal.SIGINT, library_handler)
+    return restore
+
+
+def app_storm(rank: int, size: int) -> None:
+    """One rank whose application has a SIGINT handler of its own that raises (so the
+    main thread does not drive, and nothing of ours holds Ctrl-C back), a storm during
+    grouped submits and blocked waits. No name may be left in flight that never runs
+    (one raised between a group's registrations and its enqueue was), and no wait may
+    break the runtime (a Condition's wait, interrupted between dropping and re-taking
+    its lock, made the caller release a lock it did not hold: RuntimeError).
+    """
+    from horovodish.common import interrupts
+
+    def own(signum, frame):  # raise in library code only: this loop must stay intact
+        if _in_library(frame):
+            raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, own)
+    runtime = global_process_set.runtime
+    state = {"go": True, "groups": 0, "interrupted": 0}
+    sys.setswitchinterval(1e-5)
+    pesterer = _pester(state)
+    end = time.perf_counter() + 3.0
+    while True:
+        try:
+            if time.perf_counter() > end:
+                break
+            state["groups"] += 1
+            data = [np.ones(4) for _ in range(8)]
+            names = [f"g.{state['groups']}.{i}" for i in range(8)]
+            for handle in collectives.grouped_allreduce_async(data, data, names, ReduceOp.SUM):
+                handle.wait()
+        except KeyboardInterrupt:
+            state["interrupted"] += 1
+    _calm(state, pesterer)
+    sys.setswitchinterval(0.005)
+    settle = time.perf_counter() + 3.0
+    while runtime._in_flight and time.perf_counter() < settle:
+        time.sleep(0.01)
+    sys.stdout.write(f"app storm: {state['groups']} groups, {state['interrupted']} interrupts\n")
+    check(state["interrupted"] > 0, "no interrupt landed")
+    check(not runtime._in_flight and interrupts.depth == 0 and not runtime.stopped,
+          f"after the storm: {len(runtime._in_flight)} names in flight "
+          f"({sorted(runtime._in_flight)[:3]}), depth {interrupts.depth}, "
+          f"stopped {runtime.stopped}")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupts.install()
+
+
+def shared_storm(rank: int, size: int) -> None:
+    """Two ranks over the same names, a Ctrl-C storm on rank 0 only (whose caller runs
+    cycles, hands them over and blocks, while rank 1 keeps in step). Afterwards
+    everything submitted has run on both ranks, the runtime is up, nothing is left
+    counted, and a name used before works again.
+    """
+    from mpi4py import MPI
+
+    from horovodish.common import interrupts
+
+    runtime = global_process_set.runtime
+    steps = 1500
+    ran: set[str] = set()
+    execute = runtime.executor.execute
+
+    def recording(group, mine, *args, **kwargs):
+        ran.update(response.name for response in group)
+        return execute(group, mine, *args, **kwargs)
+    runtime.executor.execute = recording
+
+    def submit_step(step: int):
+        data = np.full(4, 1.0)
+        return collectives.allreduce_async(data, data, f"s.{step}", ReduceOp.SUM)
+
+    def registered(name: str) -> bool:
+        with runtime._driver:  # no cycle between taking an entry and running it
+            return name in runtime._in_flight or name in ran
+    if rank != 0:
+        for step in range(steps):
+            submit_step(step).wait()
+    else:
+        state = {"go": True, "interrupted": 0}
+        sys.setswitchinterval(1e-5)
+        restore = _sigint_in_library_only()
+        pesterer = _pester(state)
+        step = 0
+        while step < steps:
+            try:
+                handle = submit_step(step)
+                step += 1
+                handle.wait()
+            except KeyboardInterrupt:
+                state["interrupted"] += 1
+                # A submit interrupted before it returned may or may not have registered.
+                if registered(f"s.{step}"):
+                    step += 1
+        _calm(state, pesterer)
+        restore()
+        sys.setswitchinterval(0.005)
+        sys.stdout.write(f"shared storm: {state['interrupted']} interrupts\n")
+        check(state["interrupted"] > 0, "no interrupt landed")
+    MPI.COMM_WORLD.Barrier()
+    settle = time.perf_counter() + 5.0
+    while (runtime._in_flight or runtime._helping) and time.perf_counter() < settle:
+        time.sleep(0.01)
+    check(not runtime.stopped and not runtime._in_flight and runtime._helping == 0 and
+          interrupts.depth == 0,
+          f"after the storm: stopped {runtime.stopped}{runtime._stop_reason}, "
+          f"{len(runtime._in_flight)} names in flight, {runtime._helping} callers counted "
+          f"as driving, depth {interrupts.depth}")
+    got = submit_step(0).wait(timeout=10)
+    check(np.array_equal(got, np.full(4, float(size))), f"s.0 again = {got}")
 
 
 def quiet(rank: int, size: int) -> None:
@@ -340,6 +481,7 @@ def main(mode: str) -> None:
     basics.init()
     rank, size = basics.rank(), basics.size()
     {"late": late, "sigint": sigint, "storm": storm, "idle": idle, "quiet": quiet,
+     "app_storm": app_storm, "shared_storm": shared_storm,
      "thread_failure": thread_failure}[mode](rank, size)
     basics.shutdown()
     sys.stdout.write(f"rank {rank} ok\n")
