@@ -8,6 +8,8 @@ it runs, so backward names agree across ranks whenever forward names do.
 Gradients (as in Horovod):
   allreduce      allreduce of the grad with the same op and scale factors
   allgather      the grad averaged over ranks, narrowed to this rank's rows
+                 (grouped_allgather and grouped_reducescatter: the same per tensor, as
+                 one grouped collective)
   broadcast      the grad averaged over ranks on the root, zeros elsewhere
   alltoall       alltoall of the grad back along the received splits
   reducescatter  allgather of the grad, times the scale factors (and 1/size for Average)
@@ -83,6 +85,27 @@ class _Allgather(torch.autograd.Function):
         return reduced.narrow(0, offset, rows), None, None
 
 
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, names: list[str], process_set: ProcessSet,
+                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.args = (names, [t.shape[0] for t in tensors], process_set)
+        return tuple(mpi_ops.synchronize(mpi_ops.grouped_allgather_async(
+            tensors, names, process_set)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        names, rows, process_set = ctx.args
+        reduced = mpi_ops.grouped_allreduce(
+            list(grads), name=[f"{n}.grad" for n in names], op=ReduceOp.AVERAGE,
+            process_set=process_set)
+        counts = mpi_ops.allgather(torch.tensor([rows], dtype=torch.int64),
+                                   name=f"{names[0]}.grad.rows", process_set=process_set)
+        offsets = counts[:process_set.rank()].sum(dim=0).tolist()
+        return (None, None, *(grad.narrow(0, offset, count)
+                              for grad, offset, count in zip(reduced, offsets, rows)))
+
+
 class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str,
@@ -138,6 +161,26 @@ class _Reducescatter(torch.autograd.Function):
         return gathered, None, None, None, None, None
 
 
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, names: list[str], op: ReduceOp, prescale: float, postscale: float,
+                process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.args = (names, op, prescale * postscale, process_set)
+        return tuple(mpi_ops.synchronize(mpi_ops.grouped_reducescatter_async(
+            tensors, names, op, process_set, prescale, postscale)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        names, op, scale, process_set = ctx.args
+        gathered = mpi_ops.grouped_allgather(list(grads), name=[f"{n}.grad" for n in names],
+                                             process_set=process_set)
+        if op == ReduceOp.AVERAGE:
+            scale /= process_set.size()
+        if scale != 1.0:
+            gathered = [g * scale for g in gathered]
+        return (None, None, None, None, None, *gathered)
+
+
 def allreduce(tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
               postscale: float, process_set: ProcessSet) -> torch.Tensor:
     name = _name(name, "allreduce", process_set)
@@ -154,6 +197,20 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], name: Any, op: ReduceOp,
 def allgather(tensor: torch.Tensor, name: str | None,
               process_set: ProcessSet) -> torch.Tensor:
     return _Allgather.apply(tensor, _name(name, "allgather", process_set), process_set)
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: Any,
+                      process_set: ProcessSet) -> list[torch.Tensor]:
+    names = mpi_ops._names(name, len(tensors), "allgather", process_set)
+    return list(_GroupedAllgather.apply(names, process_set, *tensors))
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Any, op: ReduceOp,
+                          prescale: float, postscale: float,
+                          process_set: ProcessSet) -> list[torch.Tensor]:
+    names = mpi_ops._names(name, len(tensors), "reducescatter", process_set)
+    return list(_GroupedReducescatter.apply(names, ReduceOp(op), prescale, postscale,
+                                            process_set, *tensors))
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None,

@@ -57,6 +57,12 @@ class GradientBuckets:
         """Forget what is held: the caller submitted it."""
         self._held.clear()
 
+    def abandon_step(self) -> None:
+        """A step that failed: forget what is held, and a first step's partial order."""
+        self._held.clear()
+        if self._order is not None:
+            self._order.clear()
+
     def recorded(self, unseen: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """This rank's first-step order: hook order, then parameters that got no hook."""
         return [*(self._order or []), *unseen]

@@ -6,7 +6,7 @@ parameters costs a handful of collectives instead of hundreds.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -120,7 +120,30 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     broadcast_tensors_(tensors, root_rank, "broadcast_optimizer_state", process_set)
     groups = [dict(root_group, params=local_group["params"])
               for root_group, local_group in zip(layout["param_groups"], local_groups)]
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    load_state_in_place(optimizer, {"state": state, "param_groups": groups})
+
+
+def load_state_in_place(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any],
+                        load: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """``optimizer.load_state_dict(state_dict)`` (or ``load``), keeping the identity of
+    ``optimizer.state``, ``optimizer.param_groups`` and each group dict. torch's replaces
+    them all, which detached an LR scheduler built on the optimizer a DistributedOptimizer
+    wraps (the two share these objects): the scheduler went on setting the lr of groups
+    the wrapper no longer used. References a user keeps to a group stay live too."""
+    groups, kept_groups, state = optimizer.param_groups, list(optimizer.param_groups), \
+        optimizer.state
+    (load or optimizer.load_state_dict)(state_dict)
+    for kept, loaded in zip(kept_groups, optimizer.param_groups):
+        if kept is not loaded:
+            kept.clear()
+            kept.update(loaded)
+    groups[:] = kept_groups
+    optimizer.param_groups = groups
+    if optimizer.state is not state:
+        loaded_state = optimizer.state
+        state.clear()
+        state.update(loaded_state)
+        optimizer.state = state
 
 
 def _layout(state_dict: dict[str, Any]) -> dict[str, Any]:

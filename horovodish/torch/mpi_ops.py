@@ -409,6 +409,9 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    if _wants_grad(*tensors):
+        from . import autograd
+        return autograd.grouped_allgather(tensors, name, process_set)
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
@@ -446,5 +449,9 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           op: ReduceOp = Average, process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    if _wants_grad(*tensors):
+        from . import autograd
+        return autograd.grouped_reducescatter(tensors, name, op, prescale_factor,
+                                              postscale_factor, process_set)
     return synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
                                                    prescale_factor, postscale_factor))

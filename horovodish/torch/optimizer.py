@@ -60,7 +60,7 @@ from ..common.process_sets import ProcessSet, global_process_set
 from . import mpi_ops
 from .buckets import GradientBuckets
 from .compression import Compression
-from .functions import allgather_object
+from .functions import allgather_object, load_state_in_place
 from .sparse import sparse_allreduce_async
 
 _STATS_KEPT = 1000
@@ -125,8 +125,31 @@ class _DistributedOptimizer:
             self._hvd_synchronized = True
             return
         leftovers = [p for p in self._hvd_params if p not in self._hvd_submitted]
-        if leftovers:
-            self._hvd_submit(leftovers)
+        try:
+            if leftovers:
+                self._hvd_submit(leftovers)
+            self._hvd_install_results()
+        except Exception:
+            # A failed reduction (a lost or mismatched peer) ends the step: whatever
+            # else is in flight is waited out, and the next backward starts afresh (an
+            # elastic retry would otherwise find reductions pending for good).
+            self._hvd_abandon_step()
+            raise
+        self._hvd_next_step()
+        self._hvd_buckets.end_step()
+        if self._hvd_buckets.learning:
+            self._hvd_learn(leftovers)
+        self._hvd_record_stats()
+        self._hvd_synchronized = True
+
+    def _hvd_next_step(self) -> None:
+        """Nothing pending or submitted, every parameter's pass count full again."""
+        self._hvd_pending.clear()
+        self._hvd_submitted.clear()
+        for param in self._hvd_params:
+            self._hvd_delay[param] = self.backward_passes_per_step
+
+    def _hvd_install_results(self) -> None:
         for handle, params, ctxs, sparse in self._hvd_pending:
             outputs = mpi_ops.synchronize(handle)
             if sparse:
@@ -146,15 +169,28 @@ class _DistributedOptimizer:
                     param.grad = reduced
                 else:
                     grad.copy_(reduced)
-        self._hvd_pending.clear()
-        self._hvd_submitted.clear()
-        for param in self._hvd_params:
-            self._hvd_delay[param] = self.backward_passes_per_step
-        self._hvd_buckets.end_step()
-        if self._hvd_buckets.learning:
-            self._hvd_learn(leftovers)
-        self._hvd_record_stats()
-        self._hvd_synchronized = True
+
+    def _hvd_abandon_step(self) -> None:
+        """Forget this step's reductions (each waited out, its error dropped) and the
+        gradients accumulated towards it."""
+        for handle, *_ in self._hvd_pending:
+            try:
+                mpi_ops.synchronize(handle)
+            except Exception:
+                pass
+        self._hvd_next_step()
+        self._hvd_buckets.abandon_step()
+        self._hvd_step_start = None
+        self._hvd_submissions = self._hvd_arrivals = 0
+        self._hvd_submitted_after = []
+        self._hvd_synchronized = False
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load as torch does, but in place (see functions.load_state_in_place), and
+        abandon a step in progress, as Horovod does: an elastic restore follows a
+        failed step."""
+        self._hvd_abandon_step()
+        load_state_in_place(self, state_dict, super().load_state_dict)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -423,14 +459,21 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     the contract and an example.
     """
     op = ReduceOp(op)
-    if op == ReduceOp.ADASUM:
-        return _adasum_optimizer(optimizer, named_parameters, compression,
-                                 backward_passes_per_step, process_set)
-    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
-        raise ValueError(f"DistributedOptimizer supports op=Average or Sum, not "
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM):
+        raise ValueError(f"DistributedOptimizer supports op=Average, Sum or Adasum, not "
                          f"{op.name.capitalize()}")
     if gradient_predivide_factor != 1.0 and op != ReduceOp.AVERAGE:
         raise ValueError("gradient_predivide_factor is only supported with op=Average")
+    if op == ReduceOp.ADASUM:
+        unsupported = [name for name, given in (
+            ("groups", groups is not None or num_groups), ("sparse_as_dense", sparse_as_dense),
+            ("buffer_sync", buffer_sync is not None)) if given]
+        if unsupported:  # (Horovod ignores them silently)
+            raise ValueError(f"DistributedOptimizer(op=Adasum) does not support "
+                             f"{', '.join(unsupported)}: the Adasum optimizer reduces each "
+                             "parameter's delta on its own, after the local step.")
+        return _adasum_optimizer(optimizer, named_parameters, compression,
+                                 backward_passes_per_step, process_set)
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
                          "torch optimizer once")

@@ -68,6 +68,41 @@ def test_allgather(rank: int, size: int) -> None:
         same(x.grad, mean_w[offsets[rank]:offsets[rank] + rows[rank]], f"allgather {key}")
 
 
+def test_grouped_allgather(rank: int, size: int) -> None:
+    """Each tensor of the group gets its own allgather gradient (uneven rows, a rank
+    with none), through one grouped collective each way."""
+    rows = [[r % 3, (r + 1) % 2 + 1] for r in range(size)]  # rows[r][i]: tensor i on r
+    totals = [sum(rows[r][i] for r in range(size)) for i in range(2)]
+    xs = [leaf(rank, f"gag.x{i}", (rows[rank][i], 2)) for i in range(2)]
+    ys = hvd.grouped_allgather(xs, name="gag")
+    check([tuple(y.shape) for y in ys] == [(t, 2) for t in totals], "grouped allgather shapes")
+    loss = sum((y * data(rank, f"gag.w{i}", (totals[i], 2))).sum() for i, y in enumerate(ys))
+    loss.backward()
+    for i in range(2):
+        offset = sum(rows[r][i] for r in range(rank))
+        mean_w = sum(data(r, f"gag.w{i}", (totals[i], 2)) for r in range(size)) / size
+        same(xs[i].grad, mean_w[offset:offset + rows[rank][i]], f"grouped allgather {i}")
+
+
+def test_grouped_reducescatter(rank: int, size: int) -> None:
+    for op, pre, post in [(hvd.Sum, 1.0, 1.0), (hvd.Average, 2.0, 0.5)]:
+        key = f"grs.{op}"
+        shapes = [(2 * size + 1, 2), (size, 3)]
+        xs = [leaf(rank, f"{key}.x{i}", shape) for i, shape in enumerate(shapes)]
+        ys = hvd.grouped_reducescatter(xs, name=key, op=op, prescale_factor=pre,
+                                       postscale_factor=post)
+        counts = [[n // size + (1 if r < n % size else 0) for r in range(size)]
+                  for n, _ in shapes]
+        loss = sum((y * data(rank, f"{key}.w{i}", (counts[i][rank], shapes[i][1]))).sum()
+                   for i, y in enumerate(ys))
+        loss.backward()
+        for i, (_, cols) in enumerate(shapes):
+            want = torch.cat([data(r, f"{key}.w{i}", (counts[i][r], cols))
+                              for r in range(size)]) * pre * post
+            same(xs[i].grad, want / size if op == hvd.Average else want,
+                 f"grouped reducescatter {key} {i}")
+
+
 def test_broadcast(rank: int, size: int) -> None:
     for root in range(size):
         x = leaf(rank, f"bc{root}.x", (2, 3))
@@ -128,8 +163,9 @@ def test_no_grad_paths(rank: int, size: int) -> None:
 def main() -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    for test in [test_allreduce, test_allgather, test_broadcast, test_alltoall,
-                 test_reducescatter, test_no_grad_paths]:
+    for test in [test_allreduce, test_allgather, test_grouped_allgather, test_broadcast,
+                 test_alltoall, test_reducescatter, test_grouped_reducescatter,
+                 test_no_grad_paths]:
         test(rank, size)
     sys.stdout.write(f"OK rank {rank} of {size}\n")
 

@@ -3,6 +3,7 @@ HorovodInternalError from a deliberate mismatch on the first attempt."""
 from __future__ import annotations
 
 import sys
+import warnings
 
 import torch
 
@@ -51,7 +52,114 @@ def main() -> None:
     assert len(attempts) == 2, attempts
     assert result == 3 and attempts == [3, 3], (result, attempts)  # restored from the commit
     assert hvd.is_initialized()
+    kept_in_place(rank, hvd.size())
+    failure_inside_step(rank)
     sys.stdout.write(f"OK rank {rank}\n")
+
+
+def kept_in_place(rank: int, size: int) -> None:
+    """Extra models, LR schedulers and an ElasticSampler given as keywords are the
+    user's own objects, restored and synced in place (they were replaced by copies, so
+    a second model never synced and a scheduler drove a phantom optimizer)."""
+    torch.manual_seed(10 + rank)  # ranks start different
+    model, critic = torch.nn.Linear(3, 1), torch.nn.Linear(2, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0,
+                                                         momentum=0.9),
+                                         named_parameters=model.named_parameters())
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.1)
+    dataset = list(range(10))
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
+    if rank == 1:
+        with warnings.catch_warnings():  # (torch warns of a scheduler step before any step)
+            warnings.simplefilter("ignore")
+            scheduler.step()  # a rank whose scheduler is ahead: sync() must fix it
+    state = hvd.elastic.TorchState(model, optimizer, critic=critic, scheduler=scheduler,
+                                   sampler=sampler, epoch=0)
+    check = _check(rank)
+    check(state.critic is critic and state.scheduler is scheduler and state.sampler is sampler,
+          "members replaced by copies")
+    state.sync()
+    critics = hvd.allgather_object(critic.weight.detach().clone())
+    check(all(torch.equal(c, critics[0]) for c in critics), "second model not synced")
+    check(optimizer.param_groups[0]["lr"] == 1.0 and scheduler.last_epoch == 0,
+          f"scheduler not synced: lr {optimizer.param_groups[0]['lr']}")
+    # Each rank processes its first batch of 2, then everything is committed.
+    mine = list(sampler)
+    check(len(mine) == 5, f"sampler gave {len(mine)} of 10 indices on one of 2 ranks")
+    sampler.record_batch(0, 2)
+    seen = set(mine[:2])
+    optimizer.zero_grad()
+    model(torch.ones(2, 3)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    state.commit()
+    committed = optimizer.state_dict()["state"][0]["momentum_buffer"].clone()
+    # Two more steps, restored twice: the saved momentum must not follow the live one.
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.ones(2, 3)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+        state.restore()
+        momentum = optimizer.state_dict()["state"][0]["momentum_buffer"]
+        check(torch.equal(momentum, committed), "restore did not bring the commit back")
+        check(abs(optimizer.param_groups[0]["lr"] - 0.1) < 1e-12 and scheduler.last_epoch == 1,
+              f"scheduler not restored: lr {optimizer.param_groups[0]['lr']}")
+    # After a sync, the remaining 6 indices are shared out afresh, none of them seen.
+    state.sync()
+    processed = set().union(*hvd.allgather_object(seen))
+    check(sampler.processed_indices == processed, "processed indices not the union")
+    rest = list(sampler)
+    everyone = hvd.allgather_object(rest)
+    check(len(rest) == 3 and set().union(*map(set, everyone)) == set(range(10)) - processed,
+          f"remaining indices: {everyone} after processing {sorted(processed)}")
+
+
+def failure_inside_step(rank: int) -> None:
+    """A collective failing inside optimizer.step() (a real mismatch: rank 1's gradients
+    carry other scale factors on the first attempt) must leave the optimizer usable for
+    the retry; it used to keep the failed reductions pending, and the retry's
+    zero_grad() raised for good."""
+    torch.manual_seed(20)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, optimizer, step=0)
+    attempts = []
+    check = _check(rank)
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> int:
+        attempts.append(state.step)
+        first = len(attempts) == 1
+        optimizer._hvd_scale = (0.5, 2.0) if first and rank == 1 else (1.0, 1.0)
+        for state.step in range(state.step, 3):
+            optimizer.zero_grad()
+            model(torch.full((2, 3), float(rank + 1))).sum().backward()
+            optimizer.step()
+            state.commit()
+        return state.step
+
+    check(train(state) == 2 and attempts == [0, 0], f"attempts {attempts}")
+    # Three plain steps from the same start, as one process over both ranks' batches.
+    torch.manual_seed(20)
+    reference = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    plain = torch.optim.SGD(reference.parameters(), lr=0.1)
+    size = hvd.size()
+    for _ in range(3):
+        plain.zero_grad()
+        sum(reference(torch.full((2, 3), float(r + 1))).sum() for r in range(size)).div(
+            size).backward()
+        plain.step()
+    for got, want in zip(model.parameters(), reference.parameters()):
+        check(torch.allclose(got, want, atol=1e-6), "weights after the retry differ")
+
+
+def _check(rank: int):
+    def check(cond: bool, what: str) -> None:
+        if not cond:
+            raise AssertionError(f"rank {rank}: {what}")
+    return check
 
 
 if __name__ == "__main__":

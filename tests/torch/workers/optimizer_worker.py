@@ -242,6 +242,12 @@ def test_errors() -> None:
     expect(ValueError, lambda: hvd.DistributedOptimizer(make(), op=hvd.Sum,
                                                         gradient_predivide_factor=2.0),
            "predivide")
+    expect(ValueError, lambda: hvd.DistributedOptimizer(make(), op=hvd.Adasum,
+                                                        gradient_predivide_factor=2.0),
+           "predivide")
+    expect(ValueError, lambda: hvd.DistributedOptimizer(make(), op=hvd.Adasum, groups=2,
+                                                        sparse_as_dense=True),
+           "Adasum", "groups, sparse_as_dense")
     opt = hvd.DistributedOptimizer(make(), named_parameters=named)
     expect(ValueError, lambda: hvd.DistributedOptimizer(opt), "already")
     x, y = (shard(t) for t in batch(0))
@@ -309,6 +315,34 @@ def test_broadcast_optimizer_state() -> None:
     for key, entries in want["state"].items():
         for field, value in entries.items():
             check(torch.equal(got["state"][key][field], value), f"empty rank: {field} not root's")
+
+
+def test_scheduler_built_before_wrapping() -> None:
+    """An LR scheduler built on the plain optimizer, which the DistributedOptimizer wraps
+    (sharing its param groups), keeps setting the lr the wrapper uses, after
+    broadcast_optimizer_state and after a load_state_dict (both replaced the group dicts
+    in torch's way, and the lr stayed 1.0 for good)."""
+    model = make_model()
+    plain = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(plain, step_size=1, gamma=0.1)
+    opt = hvd.DistributedOptimizer(plain, named_parameters=model.named_parameters())
+    group = opt.param_groups[0]
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    seen = []
+    for step in range(3):
+        if step == 2:
+            opt.load_state_dict(opt.state_dict())
+        x, y = (shard(t) for t in batch(step))
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        scheduler.step()
+        seen.append(opt.param_groups[0]["lr"])
+    check(all(abs(a - b) < 1e-12 for a, b in zip(seen, [0.1, 0.01, 0.001])),
+          f"the wrapper's lr after each scheduler step: {seen}")
+    check(opt.param_groups[0] is group and opt.param_groups is plain.param_groups and
+          opt.state is plain.state, "param groups or state no longer shared")
+    check(len(opt.state) == 4, f"momentum state lost: {len(opt.state)} entries")
 
 
 class _SlowBackward(torch.autograd.Function):
@@ -475,7 +509,8 @@ def main() -> None:
     started = time.perf_counter()
     for test in [test_equivalence, test_gradient_identity, test_branch_on_one_rank,
                  test_sparse, test_muon,
-                 test_errors, test_broadcast_optimizer_state, test_learned_order,
+                 test_errors, test_broadcast_optimizer_state,
+                 test_scheduler_built_before_wrapping, test_learned_order,
                  test_learned_order_follows_use,
                  test_overlap_with_backward]:
         test()
