@@ -28,7 +28,7 @@ from ..gradient_reduction import GradientReduction
 from ..mpi_ops import (Adasum, Average, Max, Min, Product, Sum, alltoall, barrier,
                        grouped_allgather, grouped_allreduce, grouped_reducescatter, join)
 from . import callbacks
-from .callbacks import model_state
+from .callbacks import broadcast_model_state
 from .optimizer import DistributedOptimizer, configure, distributed_class
 
 
@@ -64,7 +64,7 @@ def broadcast_global_variables(root_rank: int, model: keras.Model | None = None)
                          "broadcast_global_variables(root_rank, model=model), "
                          "hvd.broadcast_variables(model.variables, root_rank), or pass "
                          "hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) to fit().")
-    broadcast_variables(model_state(model), root_rank)
+    broadcast_model_state(model, root_rank)
 
 
 def load_model(filepath: str, custom_optimizers: Sequence[type] | None = None,

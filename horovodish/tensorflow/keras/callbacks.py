@@ -12,7 +12,7 @@ import keras
 import numpy as np
 
 from ...common import basics
-from ..functions import broadcast_variables
+from ..functions import allgather_object, broadcast_variables
 from ..mpi_ops import Average, allreduce
 
 
@@ -25,12 +25,52 @@ def model_state(model: keras.Model) -> list[Any]:
     return state
 
 
+def broadcast_model_state(model: keras.Model, root_rank: int, defer: bool = False) -> bool:
+    """Broadcast root_rank's model and optimizer variables; every rank must call it.
+
+    A built model's optimizer is built first (Keras 3 on TensorFlow builds it only in the
+    first train step): a rank that restored a checkpoint has the optimizer's state while
+    a fresh rank has none, and broadcasting the variables each rank happened to have left
+    the ranks waiting on different collectives for good. The ranks then agree that all
+    are built and that the variables line up (shapes and dtypes), and raise a ValueError
+    on every rank, naming the first difference, if not. With ``defer``, a rank still
+    unbuilt makes every rank return False (fit builds all by the end of its first
+    batch); otherwise that raises too."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built and model.built:
+        optimizer.build(model.trainable_variables)
+    built = model.built and (optimizer is None or optimizer.built)
+    state = model_state(model)
+    layout = [(tuple(v.shape), str(v.dtype)) for v in state]
+    everyone = allgather_object((built, layout), name="BroadcastGlobalVariables.layout")
+    unbuilt = [rank for rank, (ready, _) in enumerate(everyone) if not ready]
+    if unbuilt and defer:
+        return False
+    if unbuilt:
+        raise ValueError(f"broadcast of the model's variables: the model or its optimizer is "
+                         f"not built on rank(s) {unbuilt}; build the model (call it once, or "
+                         "give it an Input) on every rank first.")
+    root = everyone[root_rank][1]
+    for rank, (_, theirs) in enumerate(everyone):
+        if theirs != root:
+            first = next((i for i, (a, b) in enumerate(zip(root, theirs)) if a != b),
+                         min(len(root), len(theirs)))
+            raise ValueError(
+                f"broadcast of the model's variables: rank {root_rank} has {len(root)} "
+                f"(model and optimizer), rank {rank} has {len(theirs)}; first difference at "
+                f"variable {first}: {root[first] if first < len(root) else 'none'} against "
+                f"{theirs[first] if first < len(theirs) else 'none'}. Every rank must build "
+                "the same model with the same optimizer.")
+    broadcast_variables(state, root_rank)
+    return True
+
+
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Start every rank from root_rank's weights and optimizer state.
 
-    Broadcasts when training begins (model.fit has built the model and optimizer by then,
-    so no rank takes a step from its own random initialization) and, if the optimizer
-    was not built yet, once more after the first batch.
+    Broadcasts when training begins, so that no rank takes a step from its own random
+    initialization (the optimizer is built first, see broadcast_model_state), or, where
+    some rank's model is not built yet (no Input), at the end of the first batch.
     """
 
     def __init__(self, root_rank: int, device: str = "") -> None:
@@ -38,17 +78,13 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.root_rank = root_rank
         self.broadcast_done = False
 
-    def _broadcast(self) -> None:
-        broadcast_variables(model_state(self.model), self.root_rank)
-        optimizer = getattr(self.model, "optimizer", None)
-        self.broadcast_done = optimizer is None or optimizer.built
-
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self._broadcast()
+        if not self.broadcast_done:
+            self.broadcast_done = broadcast_model_state(self.model, self.root_rank, defer=True)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if not self.broadcast_done:
-            self._broadcast()
+            self.broadcast_done = broadcast_model_state(self.model, self.root_rank, defer=True)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -21,6 +21,21 @@ from ..gradient_reduction import GradientReduction
 _classes: dict[type, type] = {}
 
 
+class _Accumulation:
+    """backward_passes_per_step's local sums and pass counter. A plain holder, so that
+    Keras does not track them as optimizer variables: they are per rank (a broadcast of
+    the optimizer's variables overwrote a rank's partial sums with the root's) and not
+    part of the optimizer's state (a saved model had 3 more variables than the optimizer
+    it loads into, and Keras dropped the whole optimizer state on load)."""
+
+    def __init__(self, variables: Sequence[Any]) -> None:
+        self.sums = [keras.Variable(initializer="zeros", shape=v.shape, dtype=v.dtype,
+                                    trainable=False, name="hvd_accumulated")
+                     for v in variables]
+        self.passes = keras.Variable(initializer="zeros", shape=(), dtype="int64",
+                                     trainable=False, name="hvd_backward_passes")
+
+
 class _DistributedOptimizerMixin:
     """Goes first in the MRO, before the wrapped optimizer's class."""
 
@@ -30,11 +45,8 @@ class _DistributedOptimizerMixin:
 
     def build(self, variables: Sequence[Any]) -> None:
         super().build(variables)  # type: ignore[misc]
-        if self._hvd_passes > 1 and not hasattr(self, "_hvd_accumulators"):
-            self._hvd_accumulators = [self.add_variable_from_reference(v, "hvd_accumulated")
-                                      for v in variables]
-            self._hvd_counter = self.add_variable((), "zeros", "int64",
-                                                  name="hvd_backward_passes")
+        if self._hvd_passes > 1 and getattr(self, "_hvd_accumulation", None) is None:
+            self._hvd_accumulation = _Accumulation(variables)
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
         grads = list(grads)
@@ -54,7 +66,8 @@ class _DistributedOptimizerMixin:
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(variables)
-        accumulators = [self._hvd_accumulators[self._get_variable_index(v)] for v in variables]
+        accumulation = self._hvd_accumulation
+        accumulators = [accumulation.sums[self._get_variable_index(v)] for v in variables]
         for grad, accumulator in zip(grads, accumulators):
             if isinstance(grad, tf.IndexedSlices):
                 if not self._hvd_reduction.sparse_as_dense:
@@ -63,7 +76,7 @@ class _DistributedOptimizerMixin:
                 grad = tf.convert_to_tensor(grad)
             if grad is not None:
                 accumulator.assign_add(tf.cast(grad, accumulator.dtype))
-        self._hvd_counter.assign_add(1)
+        accumulation.passes.assign_add(1)
         apply = super().apply  # type: ignore[misc]
         present = [g is not None for g in grads]
 
@@ -76,12 +89,14 @@ class _DistributedOptimizerMixin:
             apply(reduced, variables)
             for accumulator in accumulators:
                 accumulator.assign(tf.zeros_like(accumulator))
-            self._hvd_counter.assign(0)
+            accumulation.passes.assign(0)
 
         def skip() -> None:
-            self._iterations.assign_add(1)
+            # iterations, not _iterations: a LossScaleOptimizer's own counter is unused
+            # (its iterations are the inner optimizer's), and schedules read the latter.
+            self.iterations.assign_add(1)
 
-        tf.cond(tf.equal(self._hvd_counter, self._hvd_passes), reduce_and_apply, skip)
+        tf.cond(tf.equal(accumulation.passes, self._hvd_passes), reduce_and_apply, skip)
 
 
 def distributed_class(base: type) -> type:
@@ -110,7 +125,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                          op: ReduceOp = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, groups: Any = None,
-                         process_set: ProcessSet = global_process_set) -> Any:
+                         process_set: ProcessSet = global_process_set,
+                         num_groups: int = 0) -> Any:
     """A copy of a Keras 3 optimizer that averages (op) gradients across ranks.
 
         opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
@@ -127,10 +143,11 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     ``iterations``. ``gradient_predivide_factor`` f (op=Average): 1/f before the sum,
     f/size after it. Under the mixed_float16 policy the result wraps a LossScaleOptimizer
     (as compile() would), so every rank sees the same reduced gradients when it checks
-    for overflow.
+    for overflow. ``num_groups`` is ``groups``' old name (an int), as in Horovod.
     """
     reduction = GradientReduction(op, compression, sparse_as_dense, gradient_predivide_factor,
-                                  groups, process_set, "DistributedOptimizer")
+                                  groups if groups is not None else num_groups or None,
+                                  process_set, "DistributedOptimizer")
     if (keras.config.dtype_policy().name == "mixed_float16"
             and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
         # compile() would wrap us in one; its overflow check is per rank, so a rank could

@@ -266,6 +266,86 @@ def check_aggregation(c: Checker, rank: int, size: int) -> None:
     same_on_every_rank(c, flat(model.get_weights()), "weights after fit with bpps=2")
 
 
+def check_resume(c: Checker, rank: int, size: int, tmp: Path) -> None:
+    """Horovod's resume pattern: rank 0 restores a checkpoint (optimizer state included),
+    the other ranks build afresh, and BroadcastGlobalVariablesCallback aligns them. Only
+    rank 0's optimizer was built, so the ranks broadcast different variable lists and
+    waited on each other for good. Against one process resuming on the whole batch."""
+    path = tmp / "model.keras"  # saved by check_fit
+    x, y = dataset(size, 4, seed=11)
+    reference = keras.models.load_model(path)
+    reference.fit(x, y, batch_size=PER_RANK_BATCH * size, epochs=1, shuffle=False, verbose=0)
+    if rank == 0:
+        model = hvd.load_model(path)
+    else:
+        model = make_model()
+        model.set_weights([w - 3.0 for w in model.get_weights()])
+        model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), LOSS)
+    model.fit(shard(x, rank, size), shard(y, rank, size), batch_size=PER_RANK_BATCH, epochs=1,
+              shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    c.close(flat(model.get_weights()), flat(reference.get_weights()),
+            "resumed fit == one process resuming on the whole batch", tol=1e-5)
+    c.true(int(np.asarray(model.optimizer.iterations)) ==
+           int(np.asarray(reference.optimizer.iterations)), "resumed iterations")
+    # Mismatched models: a clear error on every rank, not a hang.
+    other = make_model() if rank == 0 else keras.Sequential([keras.Input((FEATURES,)),
+                                                             keras.layers.Dense(CLASSES)])
+    other.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), LOSS)
+    c.raises(lambda: hvd.broadcast_global_variables(0, model=other), ValueError,
+             "first difference", "mismatched models")
+
+
+def check_aggregation_state(c: Checker, rank: int, size: int, tmp: Path) -> None:
+    """backward_passes_per_step's local sums are no optimizer variables: the broadcast
+    callback overwrote a rank's partial sums with the root's (the first update off by
+    0.1 here), a saved optimizer had 3 variables too many and loaded without its state,
+    and under mixed precision iterations advanced only on applied steps."""
+    x, y = dataset(size, 4, seed=5)
+    reference = make_model()
+    reference.compile(keras.optimizers.SGD(0.1), LOSS)
+    reference.fit(x, y, batch_size=2 * PER_RANK_BATCH * size, epochs=1, shuffle=False, verbose=0)
+    model = make_model()
+    if rank == 1:
+        model.set_weights([w + 1.0 for w in model.get_weights()])
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2,
+                                           average_aggregated_gradients=True), LOSS)
+    model.fit(shard(x, rank, size), shard(y, rank, size), batch_size=PER_RANK_BATCH, epochs=1,
+              shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    c.close(flat(model.get_weights()), flat(reference.get_weights()),
+            "bpps=2 with the broadcast callback == one process on double batches", tol=1e-5)
+
+    adam = make_model()
+    adam.compile(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), backward_passes_per_step=2),
+                 LOSS)
+    adam.fit(shard(x, rank, size), shard(y, rank, size), batch_size=PER_RANK_BATCH, epochs=1,
+             shuffle=False, verbose=0)
+    path = tmp / f"adam.rank{rank}.keras"
+    adam.save(path)
+    for load in (keras.models.load_model, hvd.load_model):
+        loaded = load(path)
+        c.true(int(np.asarray(loaded.optimizer.iterations)) == 4,
+               f"{load.__module__}.load_model: iterations "
+               f"{int(np.asarray(loaded.optimizer.iterations))} of 4")
+        c.close(flat(loaded.optimizer.variables[2:]), flat(adam.optimizer.variables[2:]),
+                f"{load.__module__}.load_model: Adam's moments")
+
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        variable = keras.Variable(np.zeros(2, np.float32))
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
+        for step in range(4):
+            opt.apply_gradients([(tf.constant([1.0, 2.0]), variable)])
+        c.true(int(np.asarray(opt.iterations)) == 4,
+               f"mixed_float16: iterations {int(np.asarray(opt.iterations))} after 4 passes")
+        scale = float(np.asarray(opt.dynamic_scale))  # the gradients count as scaled
+        c.close(variable.numpy() * scale, [-4.0, -8.0], "mixed_float16: two applied sums")
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
 def check_value_collectives(c: Checker, rank: int, size: int) -> None:
     got = hvd.allreduce(np.array([rank, 1.0]), name="keras.value")
     c.close(got.numpy(), [np.mean(range(size)), 1.0], "keras allreduce(value, name)")
@@ -283,6 +363,8 @@ def main() -> None:
         tmp = Path(hvd.broadcast_object(local, root_rank=0))
         check_tape(c, rank, size)
         check_fit(c, rank, size, tmp)
+        check_resume(c, rank, size, tmp)
+        check_aggregation_state(c, rank, size, tmp)
         check_lr_callbacks(c, rank, size)
         check_aggregation(c, rank, size)
         check_value_collectives(c, rank, size)
