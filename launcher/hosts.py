@@ -88,19 +88,13 @@ def render_hostfile(hosts: list[Host], flavour: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def needs_conversion(hosts: list[Host], flavour: str) -> bool:
-    """True when the user's file uses a syntax this mpirun does not understand."""
-    foreign = "colon" if flavour == "openmpi" else "slots"
-    return any(h.style == foreign for h in hosts)
-
-
 def hostfile_for(path: str, hosts: list[Host], flavour: str) -> tuple[str, bool]:
     """Path of a hostfile this mpirun understands and whether it is a temp file to delete.
 
-    The user's file is used as is when its syntax is native; otherwise it is rewritten.
-    """
-    if not needs_conversion(hosts, flavour):
-        return os.path.abspath(path), False
+    Always rewritten from the parsed hosts, even when the user's syntax is native: what
+    we accept (``#`` comments after a host, say) is not always what mpirun accepts (Hydra
+    refuses an inline ``#``)."""
+    del path  # parsed already into hosts
     fd, tmp = tempfile.mkstemp(prefix="horovodish-hosts-", suffix=".txt")
     with os.fdopen(fd, "w") as f:
         f.write(render_hostfile(hosts, flavour))

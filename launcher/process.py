@@ -176,5 +176,8 @@ def run_job(argv: Sequence[str], env: Mapping[str, str] | None = None,
                 proc.wait()
             if state["signals"]:
                 _killpg(proc.pid, signal.SIGKILL)  # leftovers of an interrupted job
-    return exit_code(proc.returncode)
+    code = exit_code(proc.returncode)
+    if state["signals"] and code != 0:  # ended by the signal we forwarded: as a shell would
+        return 128 + int(state["signals"][0])
+    return code
 

@@ -12,9 +12,11 @@ process is one rank; inside it, ``hvd.init()`` reads rank, size and local rank f
   already set in the caller's environment (``HOROVODISH_*``, ``HOROVOD_*``) reach the ranks
   too; a flag wins over an inherited variable of the same name.
 * The command is executed as an argument list, never through a shell.
-* The exit code is the job's: 0 when every rank exits 0, non-zero otherwise (a job killed
-  by signal N gives 128 + N). Ctrl-C / SIGTERM are forwarded to every local process of
-  the job; whatever is still alive 5 s later is killed.
+* The exit code is the job's: 0 when every rank exits 0, non-zero otherwise. A job that
+  Ctrl-C / SIGTERM (signal N) ended gives 128 + N: the signal is forwarded to every local
+  process of the job, and whatever is still alive 5 s later is killed. A rank killed by
+  signal N on its own gives what mpirun reports: N with MPICH's Hydra, which does not
+  tell it apart from ``exit(N)``.
 * ``plain mpirun -np N python train.py`` works as well; the launcher adds only convenience.
 
 Example::

@@ -51,6 +51,9 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False) -> A
     from .stall import StallInspector
 
     rank, size = comm.Get_rank(), comm.Get_size()
+    timeline = record_timeline and config.timeline and config.timeline.upper() != "DYNAMIC"
+    _check_files(comm, [("timeline", config.timeline if timeline else None),
+                        ("autotune log", config.autotune_log if config.autotune else None)])
     stall = None
     if not config.stall_check_disable and size > 1:
         stall = StallInspector(size, config.stall_check_time, config.stall_shutdown_time)
@@ -71,9 +74,30 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False) -> A
             Params(config.fusion_threshold, config.cycle_time_ms),
             tune_fusion="FUSION_THRESHOLD" not in config.explicit,
             tune_cycle="CYCLE_TIME" not in config.explicit, log_path=config.autotune_log)
-    if record_timeline and config.timeline and config.timeline.upper() != "DYNAMIC":
+    if timeline:
         runtime.start_timeline(config.timeline, config.timeline_mark_cycles)
     return runtime
+
+
+def _check_files(comm: Any, files: list[tuple[str, str | None]]) -> None:
+    """Open the files rank 0 will write before anything collective starts, and raise the
+    same ValueError on every rank if one fails: a bad path raised on rank 0 alone, after
+    its runtime thread had started, and the other ranks waited in init() for good."""
+    paths = [(what, path) for what, path in files if path]
+    if not paths:  # (the same configuration on every rank: all skip the broadcast)
+        return
+    error = None
+    if comm.Get_rank() == 0:
+        for what, path in paths:
+            try:
+                with open(path, "a"):
+                    pass
+            except OSError as exc:
+                error = f"cannot write the {what} file {path!r} on rank 0: {exc.strerror or exc}"
+                break
+    error = comm.bcast(error, root=0)
+    if error is not None:
+        raise ValueError(error)
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
@@ -95,8 +119,14 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
         base = MPI.COMM_WORLD if comm is None else comm
         if isinstance(base, Sequence):
-            group = MPI.COMM_WORLD.Get_group().Incl(list(base))
-            base = MPI.COMM_WORLD.Create(group)
+            ranks = list(base)
+            group = MPI.COMM_WORLD.Get_group().Incl(ranks)
+            base = MPI.COMM_WORLD.Create(group)  # collective over the world
+            if base == MPI.COMM_NULL:
+                raise ValueError(
+                    f"init(comm={ranks}): this process (world rank "
+                    f"{MPI.COMM_WORLD.Get_rank()}) is not in the list, so it has no "
+                    "horovodish world; skip horovodish on it, or list every rank.")
         world = base.Dup()
         rank, size = world.Get_rank(), world.Get_size()
         logger = configure(rank, config.log_level)

@@ -6,6 +6,8 @@ naming the variable, at ``init()``, rather than being silently ignored.
 """
 from __future__ import annotations
 
+import math
+
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
@@ -33,6 +35,8 @@ def _parse_bool(text: str) -> bool:
 def _non_negative(parse: Callable[[str], T]) -> Callable[[str], T]:
     def parse_checked(text: str) -> T:
         value = parse(text)
+        if not math.isfinite(value):  # type: ignore[arg-type]
+            raise ValueError("must be a finite number")  # nan compares false with < 0
         if value < 0:  # type: ignore[operator]
             raise ValueError("must be >= 0")
         return value

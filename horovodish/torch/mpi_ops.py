@@ -37,6 +37,11 @@ def _register(handles: list[Handle] | Handle, finish: Any) -> int:
     return handle_id
 
 
+def _issued() -> int:
+    """How many handles were issued so far (without using one up)."""
+    return int(repr(_handle_ids)[len("count("):-1])  # e.g. "count(7)"; rare path only
+
+
 def _unknown(handle: int) -> ValueError:
     return ValueError(f"handle {handle} is unknown or was already synchronized")
 
@@ -52,9 +57,12 @@ def poll(handle: int) -> bool:
 
 def synchronize(handle: int) -> Any:
     """Wait for handle; returns the output tensor(s) or raises HorovodInternalError.
-    The handle stays known (to poll from another thread) until the wait is over."""
+    The handle stays known (to poll from another thread) until the wait is over; a
+    handle synchronized already gives None, as in Horovod (one never issued raises)."""
     registered = _handles.get(handle)
     if registered is None:
+        if isinstance(handle, int) and 0 <= handle < _issued():
+            return None
         raise _unknown(handle)
     handles, finish = registered
     try:

@@ -27,6 +27,8 @@ def test_horovodish_names_win_and_horovod_names_are_accepted():
     ("HOROVODISH_FUSION_THRESHOLD", "lots"), ("HOROVODISH_CYCLE_TIME", "-1"),
     ("HOROVOD_CACHE_CAPACITY", "1.5"), ("HOROVODISH_CPU_OPERATIONS", "gloo"),
     ("HOROVODISH_AUTOTUNE", "maybe"), ("HOROVODISH_LOG_LEVEL", "loud"),
+    # nan passed a `< 0` check and switched the stall inspector off without a word
+    ("HOROVODISH_STALL_CHECK_TIME_SECONDS", "nan"), ("HOROVODISH_CYCLE_TIME", "inf"),
 ])
 def test_bad_value_names_the_variable(key, value):
     with pytest.raises(ValueError, match=key):

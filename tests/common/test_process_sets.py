@@ -24,3 +24,12 @@ def test_init_and_shutdown_alternate_without_running_out_of_communicators():
     assert_ok(result)
     for rank in range(2):
         assert f"OK rank {rank} of 2" in result.stdout, result.stdout
+
+
+def test_init_with_a_list_of_ranks_and_a_rank_left_out():
+    result = run_ranks(Path(__file__).parent / "workers" / "init_subset_worker.py", 3,
+                       timeout=60)
+    assert_ok(result)
+    for rank in range(3):
+        assert f"OK rank {rank}" in result.stdout, result.stdout
+    assert "not in the list" in result.stdout

@@ -30,3 +30,12 @@ def test_no_file_when_off(tmp_path: Path):
     assert_ok(result)
     assert not path.exists()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unwritable_timeline_fails_init_on_every_rank(tmp_path: Path):
+    """Rank 0 alone raised, after its runtime thread had started; the others hung."""
+    path = tmp_path / "missing" / "timeline.json"
+    result = run_ranks(WORKER, 2, args=["unwritable", str(path)],
+                       env={"HOROVODISH_TIMELINE": str(path)}, timeout=60)
+    assert_ok(result)
+    assert result.stdout.count("OK rank") == 2

@@ -142,18 +142,16 @@ def test_hostfile_parsing():
 @pytest.mark.parametrize("flavour, text, converted", [
     ("mpich", HOSTFILE, "node1:2\nnode2:3\nnode3\n"),
     ("openmpi", HOSTFILE, "node1 slots=2\nnode2 slots=3\nnode3\n"),
-    ("mpich", "a:2\nb\n", None),            # native already: used as is
-    ("openmpi", "a slots=2\nb\n", None),
+    # Native already, but with comments Hydra refuses ("token # not supported"): rewritten.
+    ("mpich", "a:2   # two slots\nb\n", "a:2\nb\n"),
+    ("openmpi", "a slots=2\nb # one\n", "a slots=2\nb\n"),
 ])
 def test_hostfile_conversion(tmp_path, flavour, text, converted):
     src = tmp_path / "hosts"
     src.write_text(text)
     path, temporary = hostfile_for(str(src), parse_hostfile(text), flavour)
     try:
-        if converted is None:
-            assert (path, temporary) == (str(src), False)
-        else:
-            assert temporary and Path(path).read_text() == converted
+        assert temporary and path != str(src) and Path(path).read_text() == converted
     finally:
         if temporary:
             os.unlink(path)
@@ -336,7 +334,7 @@ def test_sigint_stops_every_rank(stubborn):
         start = time.monotonic()
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=20)
-        assert rc != 0
+        assert rc == 128 + signal.SIGINT, rc  # as a shell reports a job Ctrl-C ended
         assert time.monotonic() - start < (10 if stubborn else 4)
         deadline = time.monotonic() + 5
         while not all(map(_dead, pids)) and time.monotonic() < deadline:

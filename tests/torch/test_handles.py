@@ -76,3 +76,16 @@ def test_poll_from_another_thread_while_synchronize_waits():
     assert returned == ["done"]
     with pytest.raises(ValueError, match="unknown or was already synchronized"):
         hvd.poll(handle)
+
+
+def test_synchronize_twice_returns_none_as_in_horovod():
+    """Horovod returns None for a handle synchronized already (code that waits in a hook
+    and again in step() relies on it); a handle never issued still raises."""
+    completions = Completions()
+    pending = Handle("t", completions)
+    handle = mpi_ops._register([pending], lambda results: results[0])
+    pending.finish("done")
+    assert hvd.synchronize(handle) == "done"
+    assert hvd.synchronize(handle) is None
+    with pytest.raises(ValueError, match="unknown"):
+        hvd.synchronize(handle + 10 ** 9)

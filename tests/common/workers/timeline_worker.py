@@ -31,6 +31,15 @@ def rows(path: str) -> dict[str, set[str]]:
 
 
 def main(mode: str, path: str) -> None:
+    if mode == "unwritable":  # every rank gets rank 0's error from init(), none hangs
+        from mpi4py import MPI
+        try:
+            basics.init()
+        except ValueError as exc:
+            assert "cannot write the timeline file" in str(exc) and path in str(exc), exc
+            sys.stdout.write(f"OK rank {MPI.COMM_WORLD.Get_rank()}\n")
+            return
+        raise AssertionError("init() with an unwritable timeline path did not raise")
     basics.init()
     rank = basics.rank()
     if mode == "env":
