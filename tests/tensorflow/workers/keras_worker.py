@@ -331,6 +331,16 @@ def check_aggregation_state(c: Checker, rank: int, size: int, tmp: Path) -> None
         c.close(flat(loaded.optimizer.variables[2:]), flat(adam.optimizer.variables[2:]),
                 f"{load.__module__}.load_model: Adam's moments")
 
+    # Horovod's old name for groups (an int) is accepted and splits the submission.
+    grouped = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), num_groups=2)
+    weights = [keras.Variable(np.zeros(2, np.float32)) for _ in range(3)]
+    grouped.apply_gradients([(tf.constant([rank + 1.0, 1.0]) * (i + 1), w)
+                             for i, w in enumerate(weights)])
+    c.true(grouped._hvd_reduction.groups == 2, "num_groups became groups")
+    mean = np.mean([r + 1.0 for r in range(size)])
+    for i, w in enumerate(weights):
+        c.close(w.numpy(), -(i + 1) * np.array([mean, 1.0]), f"num_groups=2: variable {i}")
+
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_float16")
     try:
