@@ -14,10 +14,20 @@ from ..common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_
 from ..common.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ..common.process_sets import (ProcessSet, add_process_set, global_process_set,
                                    remove_process_set)
+from . import elastic
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_variables
-from .gradient_tape import DistributedGradientTape
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
                       barrier, broadcast, broadcast_, grouped_allgather, grouped_allreduce,
                       grouped_reducescatter, join, reducescatter)
 from .optimizer import DistributedOptimizer
+
+
+def __getattr__(name: str) -> object:
+    """SyncBatchNormalization on first use: it is a Keras layer, and Keras takes a while
+    to import."""
+    if name == "SyncBatchNormalization":
+        from .sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

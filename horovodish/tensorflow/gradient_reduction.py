@@ -7,7 +7,7 @@ few collectives (explicit ``groups`` only split that submission). Names are posi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -32,6 +32,8 @@ class GradientReduction:
     groups: int | Sequence[Sequence[Any]] | None = None
     process_set: ProcessSet = global_process_set
     prefix: str = "DistributedGradientTape"
+    # Gradients of local variables (see __call__) are divided by the set's size.
+    scale_local_gradients: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "op", ReduceOp(self.op))
@@ -41,19 +43,30 @@ class GradientReduction:
         if isinstance(self.groups, int) and self.groups < 0:
             raise ValueError(f"groups must be a non-negative integer, got {self.groups}")
 
-    def __call__(self, grads: Sequence[Any], variables: Sequence[Any] | None = None) -> list[Any]:
-        """Reduced gradients, in order; None stays None (a variable with no gradient)."""
+    def __call__(self, grads: Sequence[Any], variables: Sequence[Any] | None = None,
+                 local: Collection[int] = ()) -> list[Any]:
+        """Reduced gradients, in order; None stays None (a variable with no gradient).
+
+        local: ids of variables whose gradients stay on this rank (Horovod's local
+        layers): not reduced, divided by the set's size if ``scale_local_gradients``
+        (as Horovod does, whatever the op). Every rank must name the same positions."""
         process_set = core.resolve(self.process_set)
         results = [tf.convert_to_tensor(g) if self.sparse_as_dense and
                    isinstance(g, tf.IndexedSlices) else g for g in grads]
         if process_set.size() == 1:
             return results
+        kept = _local_positions(results, variables, local)
+        if kept and self.scale_local_gradients:
+            for i in kept:
+                results[i] = _divide(results[i], process_set.size())
         names = positional_names(self.prefix, len(results))
         # Average with a predivide factor: scale by 1/f before the sum, f/size after.
         prescale = 1.0 / self.gradient_predivide_factor
         postscale = self.gradient_predivide_factor
         dense = []
         for i, grad in enumerate(results):
+            if i in kept:
+                continue
             if isinstance(grad, tf.IndexedSlices):
                 results[i] = _sparse_allreduce(grad, self.op, prescale, postscale, names[i],
                                                process_set)
@@ -87,3 +100,20 @@ class GradientReduction:
                 grouped.append(members)
         # Horovod: a variable in no list forms a group of its own.
         return grouped + [[p] for p in range(len(dense)) if p not in seen]
+
+
+def _local_positions(grads: list[Any], variables: Sequence[Any] | None,
+                     local: Collection[int]) -> set[int]:
+    """Positions of the gradients that belong to local variables (and exist)."""
+    if not local:
+        return set()
+    if variables is None:
+        raise ValueError("local variables need the variables the gradients belong to")
+    return {i for i, (grad, variable) in enumerate(zip(grads, variables))
+            if grad is not None and id(variable) in local}
+
+
+def _divide(grad: Any, size: int) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size

@@ -19,7 +19,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
                          gradient_predivide_factor: float = 1.0,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
                          groups: Any = None,
-                         process_set: ProcessSet = global_process_set) -> Any:
+                         process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> Any:
     """See horovodish.tensorflow.keras.DistributedOptimizer (``use_locking`` is ignored)."""
     import keras
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -30,4 +31,5 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
     return keras_distributed(optimizer, name, device_dense, device_sparse, compression,
                              sparse_as_dense, gradient_predivide_factor, op,
                              backward_passes_per_step, average_aggregated_gradients,
-                             groups if groups is not None else num_groups or None, process_set)
+                             groups if groups is not None else num_groups or None, process_set,
+                             scale_local_gradients=scale_local_gradients)

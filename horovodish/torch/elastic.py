@@ -20,50 +20,14 @@ calls the function again.
 from __future__ import annotations
 
 import copy
-import functools
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from ..common import basics
-from ..common.errors import HorovodInternalError, HostsUpdatedInterrupt
+from ..common.elastic import ObjectState, State, run
 from .elastic_sampler import ElasticSampler
 
 __all__ = ["ElasticSampler", "State", "TorchState", "run"]
-
-
-class State:
-    """Base: reset callbacks and the commit protocol, independent of the framework."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        self._reset_callbacks: list[Callable[[], None]] = []
-        self._known = dict(kwargs)
-        for key, value in kwargs.items():
-            setattr(self, key, value)
-
-    def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self) -> None:
-        for callback in self._reset_callbacks:
-            callback()
-
-    def commit(self) -> None:
-        """Save a restore point (call it every few batches)."""
-        self.save()
-        self.check_host_updates()
-
-    def check_host_updates(self) -> None:
-        """Hosts never change without an elastic launcher; nothing to do yet."""
-
-    def save(self) -> None:
-        raise NotImplementedError
-
-    def restore(self) -> None:
-        raise NotImplementedError
-
-    def sync(self) -> None:
-        raise NotImplementedError
 
 
 class _Member:
@@ -124,7 +88,7 @@ def _member(value: Any) -> _Member | None:
     return None
 
 
-class TorchState(State):
+class TorchState(ObjectState):
     """Models, optimizers, LR schedulers, an ElasticSampler (any object with
     ``state_dict``/``load_state_dict``, kept in place: ``state.scheduler`` stays the
     user's scheduler), and picklable attributes (epoch, batch, ...) replaced on restore
@@ -146,53 +110,20 @@ class TorchState(State):
         for key, kept in self._members.items():
             setattr(self, key, kept.value)
         super().__init__(**plain)
-        self._saved: dict[str, Any] = {}
         self.save()
-
-    def _attributes(self) -> dict[str, Any]:
-        return {key: getattr(self, key) for key in self._known}
 
     def save(self) -> None:
         for kept in self._members.values():
             kept.save()
-        self._saved = copy.deepcopy(self._attributes())
+        super().save()
 
     def restore(self) -> None:
         for kept in self._members.values():
             kept.restore()
-        for key, value in copy.deepcopy(self._saved).items():
-            setattr(self, key, value)
+        super().restore()
 
     def sync(self) -> None:
-        """Make every rank's state rank 0's."""
-        from .functions import broadcast_object
+        """Make every rank's state rank 0's (and that the restore point)."""
         for kept in self._members.values():
             kept.sync()
-        for key, value in broadcast_object(self._attributes(), root_rank=0).items():
-            setattr(self, key, value)
-        self.save()
-
-
-def _reset() -> None:
-    basics.shutdown()
-    basics.init()
-
-
-def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Retry func(state, ...) after HorovodInternalError, from the last commit."""
-    @functools.wraps(func)
-    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
-        skip_sync = False
-        while True:
-            if not skip_sync:
-                state.sync()
-            try:
-                return func(state, *args, **kwargs)
-            except HorovodInternalError:
-                state.restore()
-                skip_sync = False
-            except HostsUpdatedInterrupt as interrupt:
-                skip_sync = bool(getattr(interrupt, "skip_sync", False))
-            _reset()
-            state.on_reset()
-    return wrapper
+        super().sync()

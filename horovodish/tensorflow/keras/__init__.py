@@ -15,12 +15,14 @@ from typing import Any, Sequence
 
 import keras
 
-from ...common.basics import (cross_rank, cross_size, init, is_initialized, local_rank,
-                              local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-                              nccl_built, rank, shutdown, size, start_timeline, stop_timeline)
+from ...common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                              gloo_built, init, is_initialized, local_rank, local_size,
+                              mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                              rocm_built, shutdown, size, start_timeline, stop_timeline)
 from ...common.errors import HorovodInternalError
 from ...common.messages import ReduceOp
-from ...common.process_sets import ProcessSet, global_process_set
+from ...common.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                    remove_process_set)
 from .. import mpi_ops as _ops
 from ..compression import Compression
 from ..functions import allgather_object, broadcast_object, broadcast_variables
@@ -28,8 +30,11 @@ from ..gradient_reduction import GradientReduction
 from ..mpi_ops import (Adasum, Average, Max, Min, Product, Sum, alltoall, barrier,
                        grouped_allgather, grouped_allreduce, grouped_reducescatter, join)
 from . import callbacks
+from . import elastic
 from .callbacks import broadcast_model_state
-from .optimizer import DistributedOptimizer, configure, distributed_class
+from ..sync_batch_norm import SyncBatchNormalization
+from .optimizer import (DistributedOptimizer, PartialDistributedOptimizer, configure,
+                        distributed_class)
 
 
 def allreduce(value: Any, name: str | None = None, average: bool | None = None,
@@ -86,12 +91,15 @@ def load_model(filepath: str, custom_optimizers: Sequence[type] | None = None,
 
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max",
-    "Min", "ProcessSet", "Product", "Sum", "allgather", "allgather_object", "allreduce",
-    "alltoall", "barrier", "broadcast", "broadcast_global_variables", "broadcast_object",
-    "broadcast_variables", "callbacks", "cross_rank", "cross_size", "global_process_set",
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError",
+    "Max", "Min", "PartialDistributedOptimizer", "ProcessSet", "Product", "Sum",
+    "SyncBatchNormalization", "add_process_set", "allgather", "allgather_object",
+    "allreduce", "alltoall", "barrier", "broadcast", "broadcast_global_variables",
+    "broadcast_object", "broadcast_variables", "callbacks", "ccl_built", "cross_rank",
+    "cross_size", "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built",
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
     "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_built",
-    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "shutdown",
-    "size", "start_timeline", "stop_timeline",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter",
+    "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline",
+    "stop_timeline",
 ]

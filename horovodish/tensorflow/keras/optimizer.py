@@ -17,6 +17,7 @@ from ...common.messages import ReduceOp
 from ...common.process_sets import ProcessSet, global_process_set
 from ..compression import Compression
 from ..gradient_reduction import GradientReduction
+from ..gradient_tape import local_layer_variables
 
 _classes: dict[type, type] = {}
 
@@ -42,6 +43,13 @@ class _DistributedOptimizerMixin:
     _hvd_reduction = GradientReduction(prefix="DistributedOptimizer")
     _hvd_passes = 1
     _hvd_average_aggregated = False
+    # ids of variables whose gradients stay local; a frozenset, replaced on change, so
+    # that Keras does not track it and no two optimizers share one
+    _hvd_local: frozenset[int] = frozenset()
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep var's gradient on this rank (see PartialDistributedOptimizer)."""
+        self._hvd_local = self._hvd_local | {id(var)}
 
     def build(self, variables: Sequence[Any]) -> None:
         super().build(variables)  # type: ignore[misc]
@@ -53,8 +61,8 @@ class _DistributedOptimizerMixin:
         variables = list(trainable_variables) if trainable_variables is not None else \
             getattr(self, "_trainable_variables", None) or None
         if self._hvd_passes == 1:
-            return super().apply(self._hvd_reduction(grads, variables),  # type: ignore[misc]
-                                 trainable_variables)
+            return super().apply(  # type: ignore[misc]
+                self._hvd_reduction(grads, variables, self._hvd_local), trainable_variables)
         return self._hvd_accumulate(grads, variables)
 
     def _hvd_accumulate(self, grads: list[Any], variables: list[Any] | None) -> None:
@@ -83,7 +91,7 @@ class _DistributedOptimizerMixin:
         def reduce_and_apply() -> None:
             summed = [tf.convert_to_tensor(a) if p else None
                       for a, p in zip(accumulators, present)]
-            reduced = self._hvd_reduction(summed, variables)
+            reduced = self._hvd_reduction(summed, variables, self._hvd_local)
             if self._hvd_average_aggregated:
                 reduced = [g / self._hvd_passes if g is not None else None for g in reduced]
             apply(reduced, variables)
@@ -126,7 +134,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
                          op: ReduceOp = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, groups: Any = None,
                          process_set: ProcessSet = global_process_set,
-                         num_groups: int = 0) -> Any:
+                         num_groups: int = 0, scale_local_gradients: bool = True) -> Any:
     """A copy of a Keras 3 optimizer that averages (op) gradients across ranks.
 
         opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
@@ -144,10 +152,12 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     f/size after it. Under the mixed_float16 policy the result wraps a LossScaleOptimizer
     (as compile() would), so every rank sees the same reduced gradients when it checks
     for overflow. ``num_groups`` is ``groups``' old name (an int), as in Horovod.
+    ``register_local_var(variable)`` keeps a variable's gradient local (see
+    PartialDistributedOptimizer; ``scale_local_gradients`` applies to those).
     """
     reduction = GradientReduction(op, compression, sparse_as_dense, gradient_predivide_factor,
                                   groups if groups is not None else num_groups or None,
-                                  process_set, "DistributedOptimizer")
+                                  process_set, "DistributedOptimizer", scale_local_gradients)
     if (keras.config.dtype_policy().name == "mixed_float16"
             and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
         # compile() would wrap us in one; its overflow check is per rank, so a rank could
@@ -158,3 +168,26 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         config["name"] = name
     wrapped = distributed_class(type(optimizer)).from_config(config)
     return configure(wrapped, reduction, backward_passes_per_step, average_aggregated_gradients)
+
+
+def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
+                                device_sparse: str = "", compression: Any = Compression.none,
+                                sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0,
+                                op: ReduceOp = ReduceOp.AVERAGE,
+                                backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False, groups: Any = None,
+                                process_set: ProcessSet = global_process_set,
+                                local_layers: Any = None,
+                                scale_local_gradients: bool = True) -> Any:
+    """DistributedOptimizer that leaves the gradients of ``local_layers`` (a Keras layer or
+    a collection of them) on each rank, divided by the number of ranks when
+    ``scale_local_gradients`` (see PartialDistributedGradientTape)."""
+    wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                                   sparse_as_dense, gradient_predivide_factor, op,
+                                   backward_passes_per_step, average_aggregated_gradients,
+                                   groups, process_set,
+                                   scale_local_gradients=scale_local_gradients)
+    for variable in local_layer_variables(local_layers):
+        wrapped.register_local_var(variable)
+    return wrapped

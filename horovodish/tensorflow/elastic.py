@@ -1,0 +1,163 @@
+"""Elastic training for TensorFlow 2 and Keras 3: Horovod's ``horovod.tensorflow.elastic``.
+
+    state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.epoch < epochs:
+            while state.batch < steps_per_epoch:     # state.batch: batches done
+                train_step(*batch_at(state.epoch, state.batch))
+                state.batch += 1
+                if state.batch % 10 == 0:
+                    state.commit()
+            state.epoch, state.batch = state.epoch + 1, 0
+            state.commit()
+
+    train(state)
+
+When a collective fails, ``run`` restores the last commit, re-initializes horovodish,
+syncs the state from rank 0 and calls the function again (see horovodish.common.elastic).
+Inside ``tf.function`` the failure reaches Python as a ``tf.errors.OpError`` whose
+message carries ``HorovodInternalError:``; ``run`` recovers from that too.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from ..common import elastic
+from ..common.elastic import ObjectState, State
+from ..common.errors import HorovodInternalError
+from .functions import allgather_object, broadcast_variables
+
+__all__ = ["State", "TensorFlowKerasState", "TensorFlowState", "run"]
+
+# ops.py re-raises the core's error inside the numpy_function; TensorFlow keeps only its
+# "Type: message" line, inside a longer text.
+_GRAPH_FAILURE = re.compile(r"^HorovodInternalError: ", re.MULTILINE)
+
+
+def _is_failure(exc: BaseException) -> bool:
+    if isinstance(exc, HorovodInternalError):
+        return True
+    return isinstance(exc, tf.errors.OpError) and bool(_GRAPH_FAILURE.search(exc.message or ""))
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Retry func(state, ...) from the last commit after a failed collective, eager or
+    inside tf.function (model.fit's train step included)."""
+    return elastic.run(func, is_failure=_is_failure)
+
+
+def _values(variables: Sequence[Any]) -> list[np.ndarray]:
+    """Copies, so later assignments to the variables leave the commit alone."""
+    return [np.array(v, copy=True) for v in variables]
+
+
+def _assign(variables: Sequence[Any], values: Sequence[np.ndarray], what: str) -> None:
+    if [tuple(v.shape) for v in variables] != [a.shape for a in values]:
+        raise ValueError(f"restore of {what}: the commit holds {len(values)} variables, there "
+                         f"are now {len(variables)} (or their shapes differ). Build the model "
+                         "(give it an Input or call it once) before creating the state, so "
+                         "that every commit holds the same variables.")
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+
+
+def _broadcast(variables: Sequence[Any], what: str) -> None:
+    """broadcast_variables from rank 0, once the ranks agree on the variables' shapes and
+    dtypes: a rank with more variables than rank 0 would wait for good on broadcasts that
+    rank 0 never makes."""
+    layout = [(tuple(v.shape), str(v.dtype)) for v in variables]
+    everyone = allgather_object(layout, name=f"elastic.sync.{what}")
+    for rank, theirs in enumerate(everyone):
+        if theirs != everyone[0]:
+            raise ValueError(f"sync of the {what}: rank 0 has {len(everyone[0])} variables, "
+                             f"rank {rank} has {len(theirs)} (or their shapes or dtypes "
+                             "differ); every rank must create the same variables, in the "
+                             "same order, before the state syncs.")
+    broadcast_variables(variables, root_rank=0)
+
+
+class TensorFlowState(ObjectState):
+    """tf.Variables (and keras.Variables), kept in place: their values are copied on
+    save, assigned back on restore, broadcast from rank 0 on sync. Other keywords are
+    plain picklable attributes, as in TorchState. ``session`` is accepted and ignored
+    (TensorFlow 2 runs eagerly)."""
+
+    def __init__(self, variables: Sequence[Any] | None = None, session: Any = None,
+                 **kwargs: Any) -> None:
+        self.variables = list(variables or [])
+        self._values: list[np.ndarray] = []
+        super().__init__(**kwargs)
+        self.save()
+
+    def save(self) -> None:
+        self._values = _values(self.variables)
+        super().save()
+
+    def restore(self) -> None:
+        _assign(self.variables, self._values, "TensorFlowState's variables")
+        super().restore()
+
+    def sync(self) -> None:
+        """Make every rank's state rank 0's (and that the restore point)."""
+        if self.variables:
+            _broadcast(self.variables, "variables")
+        super().sync()
+
+
+def _build_optimizer(model: Any, optimizer: Any) -> None:
+    """Keras 3 builds an optimizer in its first step. Build it now: a commit taken before
+    that step then holds the optimizer's initial state for a restore to go back to."""
+    if optimizer is not None and not optimizer.built and model.built:
+        optimizer.build(model.trainable_variables)
+
+
+class TensorFlowKerasState(ObjectState):
+    """A Keras model's variables and its optimizer's (``optimizer`` defaults to the
+    model's own; pass it for a custom loop whose optimizer is not compiled into the
+    model), plus plain picklable attributes. The model must be built (an Input, or
+    called once) by the time the state syncs; the optimizer is built for it.
+    ``backend`` is accepted and ignored (one Keras 3 backend here)."""
+
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None,
+                 **kwargs: Any) -> None:
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer",
+                                                                         None)
+        self._values: list[np.ndarray] = []
+        super().__init__(**kwargs)
+        self.save()
+
+    def _separate_optimizer(self) -> bool:
+        return (self.optimizer is not None
+                and self.optimizer is not getattr(self.model, "optimizer", None))
+
+    def _variables(self) -> list[Any]:
+        from .keras.callbacks import model_state
+        _build_optimizer(self.model, self.optimizer)
+        variables = model_state(self.model)
+        if self._separate_optimizer() and self.optimizer.built:
+            variables += list(self.optimizer.variables)
+        return variables
+
+    def save(self) -> None:
+        self._values = _values(self._variables())
+        super().save()
+
+    def restore(self) -> None:
+        _assign(self._variables(), self._values, "the Keras model and optimizer")
+        super().restore()
+
+    def sync(self) -> None:
+        """Make every rank's state rank 0's (and that the restore point)."""
+        from .keras.callbacks import broadcast_model_state
+        broadcast_model_state(self.model, root_rank=0)  # checks the ranks line up first
+        if self._separate_optimizer():
+            _build_optimizer(self.model, self.optimizer)
+            _broadcast(self.optimizer.variables, "optimizer")
+        super().sync()

@@ -1,0 +1,20 @@
+"""SyncBatchNormalization (outputs, gradients, moving statistics, masks, model.fit) against
+one process on the whole batch; PartialDistributedGradientTape/Optimizer (local layers keep
+their own gradients, scaled or not) against each rank's own gradients; and the
+``horovodish.keras`` module, on 2 and 3 ranks."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from multirank import assert_ok, run_ranks
+
+WORKER = Path(__file__).parent / "workers" / "layers_worker.py"
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_sync_batch_norm_local_layers_and_keras_module(np_):
+    result = run_ranks(WORKER, np_, timeout=240)
+    assert_ok(result)
+    for rank in range(np_):
+        assert f"OK layers rank {rank} of {np_}" in result.stdout, result.stdout

@@ -1,0 +1,228 @@
+"""SyncBatchNormalization, the Partial (local-layer) tape and optimizer, and the
+``horovodish.keras`` module, on every rank against references computed in-process
+without collectives: one process on the whole batch, or this rank's own gradients.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from checks import Checker, ok, quiet_tensorflow
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import horovodish.keras as hvd  # noqa: E402  (the module horovod.keras users import)
+import horovodish.tensorflow as hvd_tf  # noqa: E402
+import horovodish.tensorflow.keras as hvd_tf_keras  # noqa: E402
+
+FEATURES, CLASSES, PER_RANK_BATCH = 5, 3, 4
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def dataset(size: int, batches: int, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    gen = np.random.default_rng(seed)
+    x = gen.normal(1.5, 2.0, size=(batches * PER_RANK_BATCH * size, FEATURES)).astype(np.float32)
+    y = (np.abs(x[:, :CLASSES]).argmax(1)).astype(np.int32)
+    return x, y
+
+
+def shard(array: np.ndarray, rank: int, size: int) -> np.ndarray:
+    """Global batch k (PER_RANK_BATCH * size rows) holds every rank's batch k, in rank order."""
+    blocks = array.reshape(-1, size, PER_RANK_BATCH, *array.shape[1:])
+    return blocks[:, rank].reshape(-1, *array.shape[1:])
+
+
+def make_model(norm: type) -> keras.Model:
+    keras.utils.set_random_seed(99)  # the same weights on every rank and the reference
+    inputs = keras.Input((FEATURES,))
+    hidden = keras.layers.Dense(8)(inputs)
+    hidden = keras.layers.Activation("relu")(norm(momentum=0.5)(hidden))
+    return keras.Model(inputs, keras.layers.Dense(CLASSES)(hidden))
+
+
+def flat(arrays) -> np.ndarray:
+    return np.concatenate([np.asarray(a, np.float64).ravel() for a in arrays])
+
+
+def same_on_every_rank(c: Checker, value: np.ndarray, what: str) -> None:
+    everyone = hvd.allgather_object(value)
+    c.true(all(np.array_equal(everyone[0], v) for v in everyone), f"{what}: ranks differ")
+
+
+def dense_grads(grads) -> list[np.ndarray]:
+    return [tf.convert_to_tensor(g).numpy() for g in grads]
+
+
+# -- SyncBatchNormalization ------------------------------------------------------------------
+def check_sync_batch_norm(c: Checker, rank: int, size: int) -> None:
+    x, y = dataset(size, 1)
+    rows = shard(np.arange(len(x)), rank, size)
+    reference = make_model(keras.layers.BatchNormalization)
+    with tf.GradientTape() as tape:
+        ref_out = reference(x, training=True)
+        ref_loss = LOSS(y, ref_out)
+    ref_grads = dense_grads(tape.gradient(ref_loss, reference.trainable_variables))
+    ref_bn = reference.layers[2]
+
+    def step(model, xs, ys):
+        with tf.GradientTape() as tape:
+            out = model(xs, training=True)
+            loss = LOSS(ys, out)
+        tape = hvd_tf.DistributedGradientTape(tape)
+        return out, tape.gradient(loss, model.trainable_variables)
+
+    for mode, run in (("eager", step), ("tf.function", tf.function(step))):
+        model = make_model(hvd.SyncBatchNormalization)
+        bn = model.layers[2]
+        c.true(isinstance(bn, hvd_tf.SyncBatchNormalization), "the layer is ours")
+        out, grads = run(model, tf.constant(x[rows]), tf.constant(y[rows]))
+        c.close(out.numpy(), ref_out.numpy()[rows], f"{mode}: outputs use the global batch's "
+                "statistics", tol=1e-5)
+        for got, want, var in zip(dense_grads(grads), ref_grads, model.trainable_variables):
+            c.close(got, want, f"{mode}: gradient of {var.path} == whole batch's", tol=1e-5)
+        c.close(bn.moving_mean.numpy(), ref_bn.moving_mean.numpy(),
+                f"{mode}: moving mean", tol=1e-5)
+        c.close(bn.moving_variance.numpy(), ref_bn.moving_variance.numpy(),
+                f"{mode}: moving variance", tol=1e-5)
+        local = make_model(keras.layers.BatchNormalization)(x[rows], training=True).numpy()
+        c.true(not np.allclose(local, out.numpy(), atol=1e-3),
+               f"{mode}: differs from per-rank statistics (the test can see a local layer)")
+
+    # A mask: only the unmasked positions of every rank count.
+    seq = np.random.default_rng(5).normal(size=(2 * size, 3, FEATURES)).astype(np.float32)
+    mask = np.random.default_rng(6).integers(0, 2, size=(2 * size, 3)).astype(bool)
+    mask[:, 0] = True
+    mine = slice(2 * rank, 2 * rank + 2)
+    ref_layer = keras.layers.BatchNormalization()
+    want = ref_layer(seq, training=True, mask=mask).numpy()
+    layer = hvd.SyncBatchNormalization()
+    got = layer(seq[mine], training=True, mask=mask[mine]).numpy()
+    c.close(got, want[mine], "masked: the global batch's masked statistics", tol=1e-5)
+
+    # model.fit on shards == one process on the whole batch, moving statistics included.
+    x, y = dataset(size, 4)
+    reference = make_model(keras.layers.BatchNormalization)
+    reference.compile(keras.optimizers.SGD(0.1), LOSS)
+    reference.fit(x, y, batch_size=PER_RANK_BATCH * size, epochs=2, shuffle=False, verbose=0)
+    model = make_model(hvd.SyncBatchNormalization)
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), LOSS)
+    model.fit(shard(x, rank, size), shard(y, rank, size), batch_size=PER_RANK_BATCH, epochs=2,
+              shuffle=False, verbose=0)
+    c.true(not model.jit_compile, "SyncBatchNormalization keeps jit_compile='auto' off")
+    same_on_every_rank(c, flat(model.get_weights()), "fit: weights")
+    c.close(flat(model.get_weights()), flat(reference.get_weights()),
+            "fit with SyncBatchNormalization == one process on the whole batch", tol=1e-4)
+
+    c.raises(lambda: hvd.SyncBatchNormalization(synchronized=True), ValueError,
+             "synchronized=True", "tf.distribute's synchronized flag is refused")
+
+
+# -- local layers --------------------------------------------------------------------------
+def local_model() -> keras.Model:
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((FEATURES,))
+    hidden = keras.layers.Dense(6, activation="tanh", name="shared")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(CLASSES, name="head")(hidden))
+
+
+def check_partial_tape(c: Checker, rank: int, size: int) -> None:
+    x, y = dataset(size, 1, seed=11)
+    mine = shard(np.arange(len(x)), rank, size)
+    model = local_model()
+    head = model.get_layer("head")
+    variables = model.trainable_variables
+    local_ids = {id(v) for v in head.trainable_weights}
+    with tf.GradientTape() as tape:
+        whole = LOSS(y, model(x))
+    global_grads = dense_grads(tape.gradient(whole, variables))
+    with tf.GradientTape() as tape:
+        own = LOSS(y[mine], model(x[mine]))
+    own_grads = dense_grads(tape.gradient(own, variables))
+
+    def grads_of(scale: bool, compiled: bool):
+        def compute(xs, ys):
+            with tf.GradientTape() as tape:
+                loss = LOSS(ys, model(xs))
+            tape = hvd_tf.PartialDistributedGradientTape(tape, local_layers=head,
+                                                         scale_local_gradients=scale)
+            return tape.gradient(loss, variables)
+        run = tf.function(compute) if compiled else compute
+        return dense_grads(run(tf.constant(x[mine]), tf.constant(y[mine])))
+
+    for scale, compiled in ((True, False), (False, False), (True, True)):
+        what = f"scale_local_gradients={scale}{' in tf.function' if compiled else ''}"
+        for got, var, glob, own_g in zip(grads_of(scale, compiled), variables, global_grads,
+                                         own_grads):
+            if id(var) in local_ids:  # this rank's own gradient, not reduced
+                c.close(got, own_g / (size if scale else 1), f"{what}: local {var.path}",
+                        tol=1e-6)
+            else:
+                c.close(got, glob, f"{what}: reduced {var.path}", tol=1e-6)
+    c.raises(lambda: hvd_tf.PartialDistributedGradientTape(tf.GradientTape(),
+                                                           local_layers=[head, "x"]),
+             ValueError, "must be Keras layers", "local_layers of the wrong type")
+
+
+def check_partial_optimizer(c: Checker, rank: int, size: int) -> None:
+    model = local_model()
+    head = model.get_layer("head")
+    variables = model.trainable_variables
+    before = [v.numpy().copy() for v in variables]
+    local_ids = {id(v) for v in head.trainable_weights}
+    grads = [np.full(v.shape, rank + 1.0, np.float32) * (i + 1) for i, v in enumerate(variables)]
+    optimizer = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=[head])
+    optimizer.apply_gradients(zip([tf.constant(g) for g in grads], variables))
+    mean_of_ranks = np.mean([r + 1.0 for r in range(size)])
+    for i, (var, start, grad) in enumerate(zip(variables, before, grads)):
+        if id(var) in local_ids:
+            c.close(var.numpy(), start - grad / size, f"optimizer: local {var.path}", tol=1e-6)
+        else:
+            c.close(var.numpy(), start - mean_of_ranks * (i + 1), f"optimizer: {var.path}",
+                    tol=1e-6)
+    c.true(not hvd.DistributedOptimizer(keras.optimizers.SGD(1.0))._hvd_local,
+           "another optimizer's local set is its own")
+
+    # model.fit: the shared layer stays identical across ranks, the head does not.
+    x, y = dataset(size, 3, seed=13)
+    model = local_model()
+    model.compile(hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.2),
+                                                  local_layers=model.get_layer("head")), LOSS)
+    model.fit(shard(x, rank, size), shard(y, rank, size), batch_size=PER_RANK_BATCH, epochs=2,
+              shuffle=False, verbose=0)
+    same_on_every_rank(c, flat(model.get_layer("shared").get_weights()), "fit: shared layer")
+    heads = hvd.allgather_object(flat(model.get_layer("head").get_weights()))
+    c.true(not np.allclose(heads[0], heads[1]), "fit: the local head differs between ranks")
+
+
+# -- horovodish.keras ------------------------------------------------------------------------
+def check_keras_module(c: Checker, rank: int, size: int) -> None:
+    import horovodish.keras.callbacks as callbacks
+    import horovodish.keras.elastic as elastic
+    from horovodish.keras.callbacks import MetricAverageCallback
+    c.true(callbacks is hvd_tf_keras.callbacks and hvd.callbacks is callbacks,
+           "horovodish.keras.callbacks is the Keras adapter's")
+    c.true(elastic is hvd_tf_keras.elastic and hasattr(elastic, "CommitStateCallback"),
+           "horovodish.keras.elastic is the Keras adapter's")
+    c.true(MetricAverageCallback is hvd_tf_keras.callbacks.MetricAverageCallback,
+           "from horovodish.keras.callbacks import ...")
+    for name in hvd_tf_keras.__all__:
+        c.true(getattr(hvd, name) is getattr(hvd_tf_keras, name), f"horovodish.keras.{name}")
+    got = hvd.allreduce(np.array([rank, 2.0]), name="keras_module.value")
+    c.close(got.numpy(), [np.mean(range(size)), 2.0], "horovodish.keras.allreduce")
+
+
+def main() -> None:
+    quiet_tensorflow()
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    c = Checker(rank)
+    check_keras_module(c, rank, size)
+    check_partial_tape(c, rank, size)
+    check_partial_optimizer(c, rank, size)
+    check_sync_batch_norm(c, rank, size)
+    ok(rank, size, c, "layers")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
