@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import math
 import shlex
+import sys
 from pathlib import Path
+
+from horovodish import __version__
 
 from .hosts import parse_hostfile, parse_hosts
 
@@ -59,6 +62,49 @@ def _mpi_args(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"cannot split {text!r}: {exc}") from None
 
 
+_ELASTIC = ("elastic launching (hosts joining and leaving) is not implemented: run a fixed "
+            "-np; hvd.elastic.run still retries from the last commit after a failed collective")
+_VIA_MPIRUN = "not a horovodishrun flag: give mpirun's own option with --mpi-args"
+# horovodrun flags a Horovod user may pass: (names, takes a value, why refused).
+_REFUSED = [
+    (("--min-np", "--min-num-proc"), True, _ELASTIC),
+    (("--max-np", "--max-num-proc"), True, _ELASTIC),
+    (("--host-discovery-script",), True, _ELASTIC),
+    (("--slots-per-host", "--slots"), True, _ELASTIC),
+    (("--elastic-timeout",), True, _ELASTIC),
+    (("--reset-limit",), True, _ELASTIC),
+    (("--blacklist-cooldown-range",), True, _ELASTIC),
+    (("--gloo",), False, "horovodish runs on MPI alone (drop --gloo)"),
+    (("--config-file",), True, "no config files: pass the settings as flags or as "
+                               "HOROVODISH_* variables (docs/configuration.md)"),
+    (("-p", "--ssh-port"), True, _VIA_MPIRUN),
+    (("-i", "--ssh-identity-file"), True, _VIA_MPIRUN),
+    (("--start-timeout",), True, _VIA_MPIRUN),
+    (("--network-interface", "--network-interfaces"), True, _VIA_MPIRUN),
+    (("--output-filename",), True, _VIA_MPIRUN),
+    (("--tcp",), False, _VIA_MPIRUN),
+]
+# ... and those that change nothing here, accepted with a note.
+_NO_EFFECT = {
+    "--mpi": "horovodish always runs on MPI",
+    "--hierarchical-allreduce": "horovodish picks its allreduce by message size and hosts",
+    "--hierarchical-allgather": "horovodish picks its allgather itself",
+}
+
+
+class _Refuse(argparse.Action):
+    """A horovodrun flag this launcher does not take: exit 2 saying why."""
+
+    def __init__(self, option_strings: list[str], dest: str, why: str = "",
+                 **kwargs: object) -> None:
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.why = why
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser.error(f"argument {option_string}: {self.why}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser; flag names follow Horovod's ``horovodrun``."""
     p = argparse.ArgumentParser(
@@ -77,8 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fusion buffer size in MiB (0 disables fusion)")
     t.add_argument("--cycle-time-ms", type=_nonneg_float, metavar="MS",
                    help="runtime cycle time in milliseconds")
-    t.add_argument("--cache-capacity", type=_nonneg_int, metavar="N",
-                   help="response cache capacity (0 disables the cache)")
+    cache = t.add_mutually_exclusive_group()
+    cache.add_argument("--cache-capacity", type=_nonneg_int, metavar="N",
+                       help="response cache capacity (0 disables the cache)")
+    cache.add_argument("--disable-cache", action="store_true",
+                       help="no response cache (--cache-capacity 0)")
     t.add_argument("--timeline-filename", metavar="FILE",
                    help="write a Chrome-trace timeline from rank 0 to FILE")
     t.add_argument("--timeline-mark-cycles", action="store_true",
@@ -102,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the mpirun command line to stderr before running it")
     p.add_argument("--check-build", action="store_true",
                    help="show available frameworks, backends and MPI, then exit")
+    p.add_argument("--version", action="version", version=f"horovodishrun {__version__}")
+    for flag, why in _NO_EFFECT.items():
+        p.add_argument(flag, action="append_const", const=flag, dest="no_effect",
+                       default=[], help=f"accepted for horovodrun scripts; no effect ({why})")
+    for names, takes_value, why in _REFUSED:
+        p.add_argument(*names, action=_Refuse, why=why, nargs=None if takes_value else 0)
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the program and its arguments, run once per rank")
     return p
@@ -116,6 +171,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
+    if args.disable_cache:
+        args.cache_capacity = 0
+    for flag in dict.fromkeys(args.no_effect):
+        print(f"horovodishrun: {flag} has no effect ({_NO_EFFECT[flag]})", file=sys.stderr)
     args.hostfile_hosts = None
     if args.check_build:
         return args

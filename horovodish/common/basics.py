@@ -28,6 +28,7 @@ class _State:
     rank: int
     size: int
     dynamic_process_sets: bool = False
+    homogeneous: bool = True  # every host runs as many ranks (Horovod's is_homogeneous)
     process_sets: dict[int, Any] = field(default_factory=dict)
     next_process_set_id: int = 1
 
@@ -135,11 +136,13 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
                       "your own threads while horovodish runs.")
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         cross = world.Split(local.Get_rank(), key=rank)
+        homogeneous = len(set(world.allgather(local.Get_size()))) == 1
         if config.caller_runs:
             interrupts.install()  # lets the main thread run cycles (see interrupts.py)
         runtime = build_runtime(world, config, record_timeline=True)
         dynamic = process_sets == "dynamic" or config.dynamic_process_sets
-        _state = _State(config, world, world.Dup(), local, cross, runtime, rank, size, dynamic)
+        _state = _State(config, world, world.Dup(), local, cross, runtime, rank, size, dynamic,
+                        homogeneous=homogeneous)
         global_process_set.ranks = list(range(size))
         global_process_set.process_set_id = 0
         global_process_set.runtime, global_process_set.comm = runtime, world
@@ -282,6 +285,11 @@ def cross_size() -> int:
     return state().cross_comm.Get_size()
 
 
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of ranks (decided at init)."""
+    return state().homogeneous
+
+
 def mpi_threads_supported() -> bool:
     from mpi4py import MPI
     state()
@@ -297,6 +305,11 @@ def mpi_built() -> bool:
 
 
 def gloo_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    """Horovod's Gloo controller; horovodish runs on MPI alone."""
     return False
 
 
@@ -326,4 +339,8 @@ def ddl_built() -> bool:
 
 
 def rocm_built() -> bool:
+    return False
+
+
+def sycl_built() -> bool:
     return False

@@ -34,6 +34,8 @@ class ProcessSet:
 
     def _require_registered(self) -> None:
         if self.process_set_id is None:
+            from . import basics
+            basics.state()  # before init(): the error that says to call it
             raise ValueError(f"{self!r} is not registered: pass it to hvd.init(process_sets=...) "
                              "or call hvd.add_process_set() first.")
 

@@ -8,20 +8,24 @@ Every collective works on eager tensors and inside tf.function (not under jit_co
 see docs/tensorflow.md.
 """
 from ..common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                             gloo_built, init, is_initialized, local_rank, local_size,
-                             mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                             rocm_built, shutdown, size, start_timeline, stop_timeline)
+                             gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
+                             local_rank, local_size, mpi_built, mpi_enabled,
+                             mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
+                             size, start_timeline, stop_timeline, sycl_built)
 from ..common.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ..common.process_sets import (ProcessSet, add_process_set, global_process_set,
                                    remove_process_set)
 from . import elastic
 from .compression import Compression
-from .functions import allgather_object, broadcast_object, broadcast_variables
+from .functions import (allgather_object, broadcast_object, broadcast_object_fn,
+                        broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
                       barrier, broadcast, broadcast_, grouped_allgather, grouped_allreduce,
                       grouped_reducescatter, join, reducescatter)
 from .optimizer import DistributedOptimizer
+from .rank_ops import (local_rank_op, local_size_op, process_set_included_op, rank_op,
+                       size_op)
 
 
 def __getattr__(name: str) -> object:

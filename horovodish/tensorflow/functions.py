@@ -1,7 +1,7 @@
 """Variable and object broadcasts for TensorFlow users (same names as Horovod's)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..common import objects
 from ..common.process_sets import ProcessSet, global_process_set
@@ -26,6 +26,15 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: st
                      process_set: ProcessSet = global_process_set) -> Any:
     """root_rank's Python object on every rank (cloudpickle; ``session`` is ignored)."""
     return objects.broadcast_object(obj, root_rank, name, process_set)
+
+
+def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
+                        process_set: ProcessSet = global_process_set) -> Callable[[Any], Any]:
+    """A function that broadcasts its argument from root_rank (Horovod's TF1-era helper;
+    ``session`` is ignored)."""
+    def broadcast(obj: Any) -> Any:
+        return objects.broadcast_object(obj, root_rank, name, process_set)
+    return broadcast
 
 
 def allgather_object(obj: Any, session: Any = None, name: str | None = None,

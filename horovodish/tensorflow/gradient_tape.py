@@ -22,7 +22,9 @@ class _DistributedTapeMixin:
 
     @tf.autograph.experimental.do_not_convert
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
-                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE,
+                 use_generic_names: bool = False) -> Any:
+        # use_generic_names: Horovod's switch to names by position, which ours always are.
         grads = super().gradient(target, sources, output_gradients,  # type: ignore[misc]
                                  unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)

@@ -95,8 +95,10 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
               device_sparse: str = "", compression: Any = Compression.none,
               op: ReduceOp | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: str | None = None,
-              process_set: ProcessSet = global_process_set) -> Any:
-    """Reduce a tensor (or tf.IndexedSlices) across ranks; Average unless op says otherwise."""
+              process_set: ProcessSet = global_process_set,
+              ignore_name_scope: bool = False) -> Any:
+    """Reduce a tensor (or tf.IndexedSlices) across ranks; Average unless op says otherwise.
+    (``ignore_name_scope``, here and below: names never take the name scope anyway.)"""
     op = _resolve_op(average, op)
     process_set = core.resolve(process_set)
     if isinstance(tensor, tf.IndexedSlices):
@@ -114,7 +116,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
                       compression: Any = Compression.none, op: ReduceOp | None = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set,
-                      name: str | None = None) -> list[Any]:
+                      name: str | None = None, ignore_name_scope: bool = False) -> list[Any]:
     """Reduce several tensors in one submission, so they fuse into few collectives."""
     op = _resolve_op(average, op)
     process_set = core.resolve(process_set)
@@ -138,7 +140,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
 @public
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
                       process_set: ProcessSet = global_process_set,
-                      _names: list[str] | None = None) -> list[tf.Tensor]:
+                      _names: list[str] | None = None,
+                      ignore_name_scope: bool = False) -> list[tf.Tensor]:
     process_set = core.resolve(process_set)
     tensors = _tensors(tensors, "allgather")
     names = _names or op_names(name, tensors, "allgather", process_set)
@@ -227,7 +230,8 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           compression: Any = Compression.none, op: ReduceOp = Average,
                           process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                          name: str | None = None) -> list[tf.Tensor]:
+                          name: str | None = None,
+                          ignore_name_scope: bool = False) -> list[tf.Tensor]:
     """Reduce across ranks, keep this rank's rows (low ranks get the extra ones)."""
     op = ReduceOp(op)
     process_set = core.resolve(process_set)
@@ -250,7 +254,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
 def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,
                   op: ReduceOp = Average, name: str | None = None,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> tf.Tensor:
+                  postscale_factor: float = 1.0, ignore_name_scope: bool = False) -> tf.Tensor:
     return grouped_reducescatter([tensor], device_dense, compression, op, process_set,
                                  prescale_factor, postscale_factor, name)[0]
 

@@ -89,7 +89,7 @@ def run(body: Callable[..., list[np.ndarray]], tensors: Sequence[Any],
     if tf.executing_eagerly():
         return [to_tensor(out) for out in body(*[_host_view(t) for t in tensors])]
     _require_xla_free(opname)
-    traced = ", ".join(t.name for t in tensors)
+    traced = _listing([t.name for t in tensors])
 
     def graph_body(*arrays: np.ndarray) -> list[np.ndarray]:
         try:
@@ -104,6 +104,13 @@ def run(body: Callable[..., list[np.ndarray]], tensors: Sequence[Any],
     outs = tf.numpy_function(graph_body, list(tensors), list(out_dtypes), stateful=True,
                              name=f"Horovodish{opname.title().replace('_', '')}")
     return list(outs) if out_dtypes else []  # no outputs: numpy_function gives the op
+
+
+def _listing(names: list[str], shown: int = 8) -> str:
+    """The first few names: a ResNet's gradients would make a 10 KB message."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return ", ".join(names[:shown]) + f", ... ({len(names) - shown} more)"
 
 
 def _set_shapes(outs: list[tf.Tensor], shapes: Sequence[Any]) -> list[tf.Tensor]:

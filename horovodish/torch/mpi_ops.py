@@ -15,6 +15,7 @@ from ..common import collectives as core
 from ..common.handles import Handle
 from ..common.messages import ReduceOp
 from ..common.process_sets import ProcessSet, global_process_set
+from . import tensor_views
 from .tensor_views import as_numpy, check_tensor, device_class, empty_allocator, from_numpy
 
 from ..common.messages import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
@@ -109,7 +110,23 @@ def _wants_grad(*tensors: torch.Tensor) -> bool:
 
 
 def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous host tensor with tensor's values: itself if it is one, else a copy
+    (of a strided tensor, or in host memory of one on an accelerator: see staged)."""
+    if tensor_views.staged(tensor):
+        return tensor.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
     return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def _host_like(tensor: torch.Tensor) -> torch.Tensor:
+    """An empty contiguous host tensor for tensor's result."""
+    return torch.empty(tensor.shape, dtype=tensor.dtype)
+
+
+def _back(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A host result where the caller's tensor lives (a staged one's device)."""
+    if tensor_views.staged(like):
+        return result.to(like.device, copy=True)
+    return result
 
 
 def _write_back(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
@@ -155,10 +172,11 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             name: str | None = None, op: ReduceOp | None = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
-    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    outputs = [_host_like(t) for t in tensors]
     return _grouped_allreduce_async(tensors, outputs, name, _resolve_op(average, op),
                                     prescale_factor, postscale_factor, "grouped_allreduce",
-                                    lambda _: outputs, process_set)
+                                    lambda _: [_back(o, t) for o, t in zip(outputs, tensors)],
+                                    process_set)
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -191,10 +209,10 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
         output = torch.empty_like(tensor)
         return _allreduce_plain(array, output.numpy(), output, name, op, prescale_factor,
                                 postscale_factor, process_set)
-    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    output = _host_like(tensor)
     return _grouped_allreduce_async([tensor], [output], name, op, prescale_factor,
-                                    postscale_factor, "allreduce", lambda _: output,
-                                    process_set)
+                                    postscale_factor, "allreduce",
+                                    lambda _: _back(output, tensor), process_set)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -223,7 +241,8 @@ def grouped_allreduce_into_runtime_async(tensors: Sequence[torch.Tensor],
     buffer. DistributedOptimizer uses it and installs the results as the gradients."""
     return _grouped_allreduce_async(tensors, [None] * len(tensors), name, ReduceOp(op),
                                     prescale_factor, postscale_factor, "grouped_allreduce",
-                                    lambda results: [from_numpy(r) for r in results],
+                                    lambda results: [_back(from_numpy(r), t)
+                                                     for r, t in zip(results, tensors)],
                                     process_set)
 
 
@@ -254,7 +273,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
         [as_numpy(t) for t in sources], [empty_allocator(t, out) for t, out in zip(sources, outputs)],
         _names(name, len(tensors), "allgather", process_set),
         device_class(tensors[0]) if tensors else "cpu", process_set)
-    return _register(handles, lambda _: [out[0] for out in outputs])
+    return _register(handles, lambda _: [_back(out[0], t) for out, t in zip(outputs, tensors)])
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
@@ -280,8 +299,9 @@ def _broadcast_async(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
-    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _broadcast_async(tensor, output, root_rank, name, lambda _: output, process_set)
+    output = _host_like(tensor)
+    return _broadcast_async(tensor, output, root_rank, name, lambda _: _back(output, tensor),
+                            process_set)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -320,7 +340,8 @@ def _alltoall_async(tensor: torch.Tensor, splits: Any, name: str | None,
 
     def finish(results: list[Any]) -> Any:
         received = torch.from_numpy(np.asarray(results[0][1]))
-        return (outputs[0], received) if with_received else outputs[0]
+        output = _back(outputs[0], tensor)
+        return (output, received) if with_received else output
     return _register([handle], finish)
 
 
@@ -337,12 +358,12 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
         check_tensor(tensor, "reducescatter")
         sources.append(_contiguous(tensor))
         shape = core.reducescatter_shape(tensor.shape, rank, size) if tensor.dim() else ()
-        outputs.append(torch.empty(shape, dtype=tensor.dtype, device=tensor.device))
+        outputs.append(torch.empty(shape, dtype=tensor.dtype))
     handles = core.grouped_reducescatter_async(
         [as_numpy(t) for t in sources], [as_numpy(o) for o in outputs],
         _names(name, len(tensors), "reducescatter", process_set), op, prescale_factor,
         postscale_factor, device_class(tensors[0]) if tensors else "cpu", process_set)
-    return _register(handles, lambda _: outputs)
+    return _register(handles, lambda _: [_back(o, t) for o, t in zip(outputs, tensors)])
 
 
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,

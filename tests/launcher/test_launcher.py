@@ -50,6 +50,7 @@ def launch(args: list[str], timeout: float = 60, **kw) -> subprocess.CompletedPr
     (["--cycle-time-ms", "5"], {"HOROVODISH_CYCLE_TIME": "5"}),
     (["--cache-capacity", "0"], {"HOROVODISH_CACHE_CAPACITY": "0"}),
     (["--cache-capacity", "2048"], {"HOROVODISH_CACHE_CAPACITY": "2048"}),
+    (["--disable-cache"], {"HOROVODISH_CACHE_CAPACITY": "0"}),
     (["--timeline-mark-cycles"], {"HOROVODISH_TIMELINE_MARK_CYCLES": "1"}),
     (["--stall-check-warning-time-seconds", "30"], {"HOROVODISH_STALL_CHECK_TIME_SECONDS": "30"}),
     (["--stall-check-shutdown-time-seconds", "1.5"],
@@ -180,6 +181,13 @@ def test_hostfile_conversion(tmp_path, flavour, text, converted):
     (["-np", "2", "--hostfile", "/nonexistent/hosts", "p"], "--hostfile"),
     (["-np", "2", "--mpi-args", "'unbalanced", "p"], "--mpi-args"),
     (["-np", "2", "-H", "a", "--hostfile", "f", "p"], "not allowed with"),
+    (["-np", "2", "--disable-cache", "--cache-capacity", "3", "p"], "not allowed with"),
+    # horovodrun flags this launcher refuses, each saying why
+    (["-np", "2", "--min-np", "1", "p"], "--min-np: elastic launching"),
+    (["-np", "2", "--host-discovery-script", "d.sh", "p"], "elastic launching"),
+    (["-np", "2", "--gloo", "p"], "--gloo: horovodish runs on MPI alone"),
+    (["-np", "2", "--ssh-port", "22", "p"], "give mpirun's own option with --mpi-args"),
+    (["-np", "2", "--config-file", "c.yaml", "p"], "HOROVODISH_* variables"),
 ])
 def test_bad_arguments_exit_2(capsys, argv, names):
     with pytest.raises(SystemExit) as exc:
@@ -187,6 +195,20 @@ def test_bad_arguments_exit_2(capsys, argv, names):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "error:" in err and names in err, err
+
+
+def test_version_and_flags_without_effect(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--version"])
+    assert exc.value.code == 0
+    from horovodish import __version__
+    assert capsys.readouterr().out.strip() == f"horovodishrun {__version__}"
+    args = parse_args(["-np", "2", "--mpi", "--hierarchical-allreduce", "--mpi", "python", "x"])
+    assert args.command == ["python", "x"] and config_env(args) == {}
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["horovodishrun: --mpi has no effect (horovodish always runs on MPI)",
+                   "horovodishrun: --hierarchical-allreduce has no effect (horovodish picks "
+                   "its allreduce by message size and hosts)"], err
 
 
 # ---------------------------------------------------------------- finding mpirun

@@ -43,6 +43,10 @@ def test_mpi_backend_with_small_fusion_buffer_and_tiny_cache():
              "HOROVODISH_CACHE_CAPACITY": "3"})
 
 
+def test_host_staged_path_that_cuda_tensors_take():
+    _run(2, {"STAGE_THROUGH_HOST": "1"})
+
+
 def test_shutdown_with_work_in_flight_fails_pending_handles():
     _run(2, {"SHUTDOWN_IN_FLIGHT": "1"})
 
@@ -53,6 +57,9 @@ def test_use_before_init_says_to_call_init():
     import horovodish.torch as hvd
     if hvd.is_initialized():
         pytest.skip("initialized by another test in this process")
-    for call in (hvd.rank, hvd.size, lambda: hvd.allreduce(torch.ones(1))):
+    model = torch.nn.Linear(2, 2)
+    for call in (hvd.rank, hvd.size, hvd.is_homogeneous, lambda: hvd.allreduce(torch.ones(1)),
+                 lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                                  named_parameters=model.named_parameters())):
         with pytest.raises(ValueError, match=r"init\(\)"):
             call()

@@ -12,8 +12,8 @@ from multirank import assert_ok, run_ranks
 WORKERS = Path(__file__).parent / "workers"
 
 
-def _run(worker: str, np: int) -> str:
-    result = run_ranks(WORKERS / worker, np, timeout=180)
+def _run(worker: str, np: int, env: dict[str, str] | None = None) -> str:
+    result = run_ranks(WORKERS / worker, np, env=env, timeout=180)
     assert_ok(result)
     for rank in range(np):
         assert f"OK rank {rank} of {np}" in result.stdout, result.stdout
@@ -26,6 +26,14 @@ def test_distributed_optimizer(np):
     Sum, predivide, groups, compression, sparse, a one-rank branch), errors, Muon,
     broadcast_optimizer_state, and fewer negotiation cycles once the order is learned."""
     _run("optimizer_worker.py", np)
+
+
+@pytest.mark.parametrize("worker", ["optimizer_worker.py", "autograd_worker.py",
+                                    "modules_worker.py"])
+def test_host_staged_path_that_cuda_tensors_take(worker):
+    """Every tensor copied to host memory and its result copied back, as for a CUDA
+    tensor (see worker_support.stage_every_tensor): the same checks must hold."""
+    _run(worker, 2, {"STAGE_THROUGH_HOST": "1"})
 
 
 @pytest.mark.parametrize("np", [2, 3])

@@ -16,9 +16,10 @@ from typing import Any, Sequence
 import keras
 
 from ...common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                              gloo_built, init, is_initialized, local_rank, local_size,
-                              mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                              rocm_built, shutdown, size, start_timeline, stop_timeline)
+                              gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
+                              local_rank, local_size, mpi_built, mpi_enabled,
+                              mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
+                              size, start_timeline, stop_timeline, sycl_built)
 from ...common.errors import HorovodInternalError
 from ...common.messages import ReduceOp
 from ...common.process_sets import (ProcessSet, add_process_set, global_process_set,
@@ -97,9 +98,9 @@ __all__ = [
     "allreduce", "alltoall", "barrier", "broadcast", "broadcast_global_variables",
     "broadcast_object", "broadcast_variables", "callbacks", "ccl_built", "cross_rank",
     "cross_size", "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built",
-    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
-    "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_built",
-    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter",
-    "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline",
-    "stop_timeline",
+    "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter",
+    "init", "is_homogeneous", "is_initialized", "join", "load_model", "local_rank",
+    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
+    "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
+    "start_timeline", "stop_timeline", "sycl_built",
 ]

@@ -6,7 +6,7 @@ early stopping): Keras hands every callback the same logs dict, in list order.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import keras
 import numpy as np
@@ -25,7 +25,8 @@ def model_state(model: keras.Model) -> list[Any]:
     return state
 
 
-def broadcast_model_state(model: keras.Model, root_rank: int, defer: bool = False) -> bool:
+def broadcast_model_state(model: keras.Model, root_rank: int, defer: bool = False,
+                          local_variables: Sequence[Any] = ()) -> bool:
     """Broadcast root_rank's model and optimizer variables; every rank must call it.
 
     A built model's optimizer is built first (Keras 3 on TensorFlow builds it only in the
@@ -35,12 +36,14 @@ def broadcast_model_state(model: keras.Model, root_rank: int, defer: bool = Fals
     are built and that the variables line up (shapes and dtypes), and raise a ValueError
     on every rank, naming the first difference, if not. With ``defer``, a rank still
     unbuilt makes every rank return False (fit builds all by the end of its first
-    batch); otherwise that raises too."""
+    batch); otherwise that raises too. ``local_variables`` stay as each rank has them
+    (every rank must name the same ones)."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not optimizer.built and model.built:
         optimizer.build(model.trainable_variables)
     built = model.built and (optimizer is None or optimizer.built)
-    state = model_state(model)
+    local = {id(v) for v in local_variables}
+    state = [v for v in model_state(model) if id(v) not in local]
     layout = [(tuple(v.shape), str(v.dtype)) for v in state]
     everyone = allgather_object((built, layout), name="BroadcastGlobalVariables.layout")
     unbuilt = [rank for rank, (ready, _) in enumerate(everyone) if not ready]
@@ -71,20 +74,27 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     Broadcasts when training begins, so that no rank takes a step from its own random
     initialization (the optimizer is built first, see broadcast_model_state), or, where
     some rank's model is not built yet (no Input), at the end of the first batch.
+    ``local_variables`` (e.g. a PartialDistributedOptimizer's local layers' weights) are
+    left as each rank has them.
     """
 
-    def __init__(self, root_rank: int, device: str = "") -> None:
+    def __init__(self, root_rank: int, device: str = "",
+                 local_variables: Sequence[Any] | None = None) -> None:
         super().__init__()
         self.root_rank = root_rank
+        self.local_variables = list(local_variables or ())
         self.broadcast_done = False
 
-    def on_train_begin(self, logs: dict | None = None) -> None:
+    def _broadcast(self) -> None:
         if not self.broadcast_done:
-            self.broadcast_done = broadcast_model_state(self.model, self.root_rank, defer=True)
+            self.broadcast_done = broadcast_model_state(self.model, self.root_rank, defer=True,
+                                                        local_variables=self.local_variables)
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._broadcast()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if not self.broadcast_done:
-            self.broadcast_done = broadcast_model_state(self.model, self.root_rank, defer=True)
+        self._broadcast()
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -183,6 +183,20 @@ def check_partial_optimizer(c: Checker, rank: int, size: int) -> None:
     c.true(not hvd.DistributedOptimizer(keras.optimizers.SGD(1.0))._hvd_local,
            "another optimizer's local set is its own")
 
+    # BroadcastGlobalVariablesCallback(local_variables=) leaves those as each rank has them.
+    model = local_model()
+    start = [w.copy() for w in model.get_weights()]  # the same on every rank (seeded)
+    model.set_weights([w + rank for w in start])
+    head = model.get_layer("head")
+    callback = hvd.callbacks.BroadcastGlobalVariablesCallback(
+        0, local_variables=head.trainable_weights)
+    callback.set_model(model)
+    callback.on_train_begin()
+    c.close(flat(model.get_layer("shared").get_weights()),
+            flat(start[:2]), "broadcast: the shared layer is rank 0's", tol=0)
+    c.close(flat(head.get_weights()), flat(start[2:]) + rank,
+            "broadcast: the local head is this rank's own", tol=1e-6)
+
     # model.fit: the shared layer stays identical across ranks, the head does not.
     x, y = dataset(size, 3, seed=13)
     model = local_model()
@@ -212,12 +226,69 @@ def check_keras_module(c: Checker, rank: int, size: int) -> None:
     c.close(got.numpy(), [np.mean(range(size)), 2.0], "horovodish.keras.allreduce")
 
 
+# -- Horovod's smaller names -----------------------------------------------------------------
+def check_horovod_names(c: Checker, rank: int, size: int) -> None:
+    local_sizes = hvd.allgather_object(hvd.local_size())
+    for module in (hvd, hvd_tf):
+        c.true(module.is_homogeneous() == (len(set(local_sizes)) == 1), "is_homogeneous")
+        c.true(module.sycl_built() is False and module.gloo_enabled() is False,
+               "sycl_built/gloo_enabled")
+
+    def layout():
+        return [hvd_tf.size_op(), hvd_tf.rank_op(), hvd_tf.local_size_op(),
+                hvd_tf.local_rank_op(), hvd_tf.process_set_included_op(0)]
+    want = [size, rank, hvd.local_size(), hvd.local_rank(), 1]
+    for what, values in (("eager", layout()), ("tf.function", tf.function(layout)())):
+        c.true([int(v.numpy()) for v in values] == want, f"{what}: the layout ops")
+        c.true(all(v.dtype == tf.int32 for v in values), f"{what}: int32 like Horovod's")
+    c.raises(lambda: hvd_tf.size_op(process_set_id=77), ValueError, "77", "unknown set id")
+
+    from_one = hvd_tf.broadcast_object_fn(root_rank=1)({"rank": rank})
+    c.true(from_one == {"rank": 1}, f"broadcast_object_fn(root_rank=1): {from_one}")
+
+    x = tf.constant(np.arange(6, dtype=np.float32).reshape(3, 2) * (rank + 1))
+    mean = np.arange(6, dtype=np.float32).reshape(3, 2) * np.mean(np.arange(1, size + 1))
+    c.close(hvd_tf.allreduce(x, ignore_name_scope=True).numpy(), mean, "ignore_name_scope")
+    c.close(hvd_tf.grouped_allreduce([x], ignore_name_scope=True)[0].numpy(), mean,
+            "grouped_allreduce(ignore_name_scope=)")
+    gathered = hvd_tf.grouped_allgather([x], ignore_name_scope=True)[0].numpy()
+    c.close(gathered, np.concatenate([np.arange(6, dtype=np.float32).reshape(3, 2) * (r + 1)
+                                      for r in range(size)]), "grouped_allgather(...)")
+
+    # use_generic_names (Horovod's keyword) is accepted; names are positional anyway.
+    model = local_model()
+    xs, ys = dataset(size, 1, seed=17)
+    with tf.GradientTape() as tape:
+        whole = LOSS(ys, model(xs))
+    want_grads = dense_grads(tape.gradient(whole, model.trainable_variables))
+    mine = shard(np.arange(len(xs)), rank, size)
+    with tf.GradientTape() as tape:
+        loss = LOSS(ys[mine], model(xs[mine]))
+    grads = hvd_tf.DistributedGradientTape(tape).gradient(loss, model.trainable_variables,
+                                                          use_generic_names=True)
+    for got, want in zip(dense_grads(grads), want_grads):
+        c.close(got, want, "gradient(use_generic_names=True)", tol=1e-6)
+
+    # A failure inside tf.function lists a few of its tensors, not all of them.
+    @tf.function
+    def many(tensors):
+        return hvd_tf.grouped_allreduce(tensors, op=hvd.Sum)
+    shapes = [(2,)] * 11 + [(2 + rank,)]
+    error = c.raises(lambda: many([tf.ones(shape) for shape in shapes]), tf.errors.OpError,
+                     "HorovodInternalError", "a mismatch inside tf.function")
+    c.true("tensors_7:0, ... (4 more)" in str(error) and "tensors_8:0" not in str(error),
+           f"the error lists 8 tensors and a count: {error}")
+    c.close(hvd_tf.allreduce(x, op=hvd.Sum, name="after.mismatch").numpy(),
+            mean * size, "the next collective works")
+
+
 def main() -> None:
     quiet_tensorflow()
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     c = Checker(rank)
     check_keras_module(c, rank, size)
+    check_horovod_names(c, rank, size)
     check_partial_tape(c, rank, size)
     check_partial_optimizer(c, rank, size)
     check_sync_batch_norm(c, rank, size)

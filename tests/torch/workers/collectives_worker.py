@@ -238,7 +238,8 @@ def test_runtime_owned_results(rank: int, size: int) -> None:
     del second
     third = mpi_ops.synchronize(mpi_ops.grouped_allreduce_into_runtime_async(
         [torch.full((1000,), 2.0)], name=["own.keep"], op=hvd.Sum))[0]
-    check(third.data_ptr() == pointer and bool((third == 2.0 * size).all()),
+    reused = third.data_ptr() == pointer or bool(os.environ.get("STAGE_THROUGH_HOST"))
+    check(reused and bool((third == 2.0 * size).all()),  # (staged results are copies)
           "a dropped result's block was not reused")
 
 
