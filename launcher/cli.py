@@ -83,12 +83,24 @@ _REFUSED = [
     (("--network-interface", "--network-interfaces"), True, _VIA_MPIRUN),
     (("--output-filename",), True, _VIA_MPIRUN),
     (("--tcp",), False, _VIA_MPIRUN),
+    (("--binding-args",), True, _VIA_MPIRUN),
+    (("--thread-affinity",), True, _VIA_MPIRUN),
+    (("--gpu-operations",), True, "the CUDA path stages through host memory: there is no "
+                                  "GPU backend to choose (docs/api.md)"),
+    (("--num-nccl-streams",), True, "no NCCL path yet: CUDA tensors stage through host memory"),
+    (("--ccl-bgt-affinity",), True, "no oneCCL here"),
 ]
 # ... and those that change nothing here, accepted with a note.
 _NO_EFFECT = {
     "--mpi": "horovodish always runs on MPI",
     "--hierarchical-allreduce": "horovodish picks its allreduce by message size and hosts",
     "--hierarchical-allgather": "horovodish picks its allgather itself",
+    "--no-hierarchical-allreduce": "horovodish picks its allreduce by message size and hosts",
+    "--no-hierarchical-allgather": "horovodish picks its allgather itself",
+    "--mpi-threads-disable": "the runtime asks MPI for the thread level it needs",
+    "--prefix-output-with-timestamp": "the ranks' output goes through mpirun unchanged",
+    "--log-without-timestamp": "log lines carry the rank, not a timestamp",
+    "--log-hide-timestamp": "log lines carry the rank, not a timestamp",
 }
 
 

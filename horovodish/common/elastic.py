@@ -103,9 +103,9 @@ def run(func: Callable[..., Any],
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         skip_sync = False
         while True:
-            if not skip_sync:
-                state.sync()
-            try:
+            try:  # a sync that fails (a peer lost meanwhile) is retried too
+                if not skip_sync:
+                    state.sync()
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = bool(getattr(interrupt, "skip_sync", False))

@@ -33,6 +33,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         if kwargs.get("synchronized"):
             raise ValueError("SyncBatchNormalization synchronizes through horovodish; "
                              "synchronized=True is tf.distribute's and does not apply")
+        if kwargs.pop("fused", None):  # Horovod's takes fused=False/None, refuses True
+            raise ValueError("SyncBatchNormalization has no fused kernel; pass fused=False")
         super().__init__(*args, **kwargs)
         self._hvd_process_set = process_set
         self.supports_jit = False
@@ -42,6 +44,10 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         if process_set.size() == 1:
             return super()._moments(inputs, mask)
         axes = self._reduction_axes
+        # Sums in float64: the variance is E[x^2] - E[x]^2, which cancels badly in float32
+        # when the mean is large against the spread (1000 +- 0.1: 0.25 for 0.01).
+        dtype = inputs.dtype
+        inputs = tf.cast(inputs, tf.float64)
         if mask is None:
             shape = tf.shape(inputs)
             count = tf.cast(tf.reduce_prod(tf.gather(shape, axes)), inputs.dtype)
@@ -63,6 +69,6 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         if mask is not None:  # Keras's own guard against channels with no weight
             counts = counts + keras.backend.epsilon()
         mean = summed / counts
-        # E[x^2] - E[x]^2 can dip below zero by rounding.
+        # E[x^2] - E[x]^2 can still dip below zero by rounding.
         variance = tf.maximum(squares / counts - tf.square(mean), 0.0)
-        return mean, variance
+        return tf.cast(mean, dtype), tf.cast(variance, dtype)

@@ -39,7 +39,9 @@ def broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, name: st
     with torch.no_grad():
         for dtype in sorted(by_dtype, key=str):
             group = by_dtype[dtype]
-            flat = torch.cat([t.detach().reshape(-1) for t in group])
+            # On the host: a group may mix devices (Adam keeps its step count on the CPU
+            # next to CUDA moments), and the broadcast stages through host memory anyway.
+            flat = torch.cat([t.detach().reshape(-1).to("cpu") for t in group])
             tag = f"{name}.{str(dtype).replace('torch.', '')}"
             try:
                 mpi_ops.broadcast_(flat, root_rank, name=tag, process_set=process_set)

@@ -134,9 +134,10 @@ def _write_back(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
     """Completion of an in-place op: a non-contiguous input got a contiguous stand-in,
     whose result is copied back into it."""
     def finish(_: list[Any]) -> list[torch.Tensor]:
-        for tensor, output in zip(tensors, outputs):
-            if tensor.data_ptr() != output.data_ptr():
-                tensor.copy_(output)
+        with torch.no_grad():  # as Horovod: an in-place collective is outside autograd
+            for tensor, output in zip(tensors, outputs):
+                if tensor.data_ptr() != output.data_ptr():
+                    tensor.copy_(output)
         return list(tensors)
     return finish
 
@@ -147,16 +148,20 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor],
                              name: str | None, op: ReduceOp, prescale_factor: float,
                              postscale_factor: float, opname: str,
                              finish: Callable[[list[Any]], Any],
-                             process_set: ProcessSet = global_process_set) -> int:
+                             process_set: ProcessSet = global_process_set,
+                             in_place: bool = False) -> int:
+    """in_place: each output is its tensor, or the contiguous host stand-in that finish
+    writes back (then it is the input too: no second copy of the tensor)."""
     sources, targets = [], []
     for tensor, output in zip(tensors, outputs):  # one pass: this runs per tensor
         check_tensor(tensor, opname)
-        source = as_numpy(_contiguous(tensor))
+        if in_place:  # the very same array as input and output: the core skips a copy
+            source = as_numpy(output)
+            targets.append(source)
+        else:  # no output: the runtime owns the result (a view of its block)
+            source = as_numpy(_contiguous(tensor))
+            targets.append(None if output is None else as_numpy(output))
         sources.append(source)
-        # In place: the very same array as input and output, so the core skips a copy.
-        # No output: the runtime owns the result (a view of its block).
-        targets.append(source if output is tensor else
-                       None if output is None else as_numpy(output))
     names = _names(name, len(tensors), "allreduce", process_set)
     device = device_class(tensors[0]) if tensors else "cpu"
     if len(sources) == 1:  # the core's single-tensor path: no group bookkeeping
@@ -186,7 +191,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
     outputs = [_contiguous(t) for t in tensors]
     return _grouped_allreduce_async(tensors, outputs, name, _resolve_op(average, op),
                                     prescale_factor, postscale_factor, "grouped_allreduce_",
-                                    _write_back(tensors, outputs), process_set)
+                                    _write_back(tensors, outputs), process_set, in_place=True)
 
 
 def _allreduce_plain(array: np.ndarray, target: np.ndarray, result: torch.Tensor,
@@ -228,7 +233,8 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     write_back = _write_back([tensor], [output])
     return _grouped_allreduce_async([tensor], [output], name, op, prescale_factor,
                                     postscale_factor, "allreduce_",
-                                    lambda results: write_back(results)[0], process_set)
+                                    lambda results: write_back(results)[0], process_set,
+                                    in_place=True)
 
 
 def grouped_allreduce_into_runtime_async(tensors: Sequence[torch.Tensor],
@@ -287,10 +293,14 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
 # -- broadcast -----------------------------------------------------------------------------
 def _broadcast_async(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
                      name: str | None, finish: Callable[[list[Any]], Any],
-                     process_set: ProcessSet = global_process_set) -> int:
+                     process_set: ProcessSet = global_process_set,
+                     in_place: bool = False) -> int:
+    """in_place: output is tensor or its host stand-in (see _grouped_allreduce_async)."""
     check_tensor(tensor, "broadcast")
-    source = as_numpy(_contiguous(tensor))
-    target = source if output is tensor else as_numpy(output)
+    if in_place:
+        source = target = as_numpy(output)
+    else:
+        source, target = as_numpy(_contiguous(tensor)), as_numpy(output)
     handle = core.broadcast_async(source, target, root_rank,
                                   _names(name, 1, "broadcast", process_set)[0],
                                   device_class(tensor), process_set)
@@ -309,7 +319,8 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     output = _contiguous(tensor)
     write_back = _write_back([tensor], [output])
     return _broadcast_async(tensor, output, root_rank, name,
-                            lambda results: write_back(results)[0], process_set)
+                            lambda results: write_back(results)[0], process_set,
+                            in_place=True)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,

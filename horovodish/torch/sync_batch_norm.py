@@ -36,7 +36,7 @@ class _SyncBatchNorm(torch.autograd.Function):
             var, mean = torch.var_mean(x, dim=dims, correction=0)
         else:
             var = mean = x.new_zeros(channels)
-        row = torch.cat([torch.tensor([float(count)], dtype=torch.float64),
+        row = torch.cat([mean.new_tensor([float(count)], dtype=torch.float64),
                          mean.double(), var.double() * count]).unsqueeze(0)
         rows = mpi_ops.allgather(row, name=f"{name}.stats", process_set=process_set)
         counts, means, m2s = rows[:, :1], rows[:, 1:channels + 1], rows[:, channels + 1:]

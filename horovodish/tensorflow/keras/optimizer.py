@@ -91,20 +91,23 @@ class _DistributedOptimizerMixin:
         def reduce_and_apply() -> None:
             summed = [tf.convert_to_tensor(a) if p else None
                       for a, p in zip(accumulators, present)]
+            # Start the next round before reducing: a reduction that fails (a lost peer,
+            # which hvd.elastic.run recovers from) then drops this round's sums like a
+            # skipped step, rather than leaving the counter past its mark for good.
+            for accumulator in accumulators:
+                accumulator.assign(tf.zeros_like(accumulator))
+            accumulation.passes.assign(0)
             reduced = self._hvd_reduction(summed, variables, self._hvd_local)
             if self._hvd_average_aggregated:
                 reduced = [g / self._hvd_passes if g is not None else None for g in reduced]
             apply(reduced, variables)
-            for accumulator in accumulators:
-                accumulator.assign(tf.zeros_like(accumulator))
-            accumulation.passes.assign(0)
 
         def skip() -> None:
             # iterations, not _iterations: a LossScaleOptimizer's own counter is unused
             # (its iterations are the inner optimizer's), and schedules read the latter.
             self.iterations.assign_add(1)
 
-        tf.cond(tf.equal(accumulation.passes, self._hvd_passes), reduce_and_apply, skip)
+        tf.cond(accumulation.passes >= self._hvd_passes, reduce_and_apply, skip)
 
 
 def distributed_class(base: type) -> type:

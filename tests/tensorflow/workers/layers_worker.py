@@ -89,6 +89,17 @@ def check_sync_batch_norm(c: Checker, rank: int, size: int) -> None:
         c.true(not np.allclose(local, out.numpy(), atol=1e-3),
                f"{mode}: differs from per-rank statistics (the test can see a local layer)")
 
+    # A large mean against a small spread: E[x^2] - E[x]^2 in float32 gave 0.25 for 0.01.
+    wide = (1000.0 + 0.1 * np.random.default_rng(8).normal(size=(4 * size, 3))).astype(
+        np.float32)
+    want = keras.layers.BatchNormalization()(wide, training=True).numpy()
+    got = hvd.SyncBatchNormalization()(wide[4 * rank:4 * rank + 4], training=True).numpy()
+    c.close(got, want[4 * rank:4 * rank + 4], "large mean, small spread", tol=1e-3)
+    c.true(isinstance(hvd.SyncBatchNormalization(fused=False), hvd.SyncBatchNormalization),
+           "fused=False accepted (Horovod's layer takes it)")
+    c.raises(lambda: hvd.SyncBatchNormalization(fused=True), ValueError, "fused=False",
+             "fused=True refused")
+
     # A mask: only the unmasked positions of every rank count.
     seq = np.random.default_rng(5).normal(size=(2 * size, 3, FEATURES)).astype(np.float32)
     mask = np.random.default_rng(6).integers(0, 2, size=(2 * size, 3)).astype(bool)
@@ -209,6 +220,33 @@ def check_partial_optimizer(c: Checker, rank: int, size: int) -> None:
     c.true(not np.allclose(heads[0], heads[1]), "fit: the local head differs between ranks")
 
 
+def check_aggregation_after_failure(c: Checker, rank: int, size: int) -> None:
+    """backward_passes_per_step: a reduction that fails drops that round and the next
+    rounds train (the counter once stuck past its mark, and training stopped silently)."""
+    from horovodish.common.errors import HorovodInternalError
+    variable = keras.Variable(np.zeros(2, np.float32))
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
+    grad = tf.constant([1.0, 2.0]) * (rank + 1)
+    optimizer.apply_gradients([(grad, variable)])
+    working = optimizer._hvd_reduction
+
+    class Failing:
+        def __getattr__(self, key):
+            return getattr(working, key)
+
+        def __call__(self, *args, **kwargs):
+            raise HorovodInternalError("a peer was lost (simulated)")
+    optimizer._hvd_reduction = Failing()
+    c.raises(lambda: optimizer.apply_gradients([(grad, variable)]), HorovodInternalError,
+             "simulated", "the reduction fails")
+    optimizer._hvd_reduction = working
+    for _ in range(6):
+        optimizer.apply_gradients([(grad, variable)])
+    mean = np.mean([r + 1.0 for r in range(size)]) * np.array([1.0, 2.0])
+    c.close(variable.numpy(), -3 * 2 * mean, "three rounds of two passes after the failure",
+            tol=1e-6)
+
+
 # -- horovodish.keras ------------------------------------------------------------------------
 def check_keras_module(c: Checker, rank: int, size: int) -> None:
     import horovodish.keras.callbacks as callbacks
@@ -291,6 +329,7 @@ def main() -> None:
     check_horovod_names(c, rank, size)
     check_partial_tape(c, rank, size)
     check_partial_optimizer(c, rank, size)
+    check_aggregation_after_failure(c, rank, size)
     check_sync_batch_norm(c, rank, size)
     ok(rank, size, c, "layers")
 

@@ -1,0 +1,5 @@
+"""``from horovodish.common.exceptions import HorovodInternalError``: the module path of
+Horovod's ``horovod.common.exceptions``, which elastic scripts import from."""
+from .errors import HorovodInternalError, HostsUpdatedInterrupt
+
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt"]
