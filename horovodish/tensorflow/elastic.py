@@ -31,7 +31,7 @@ import tensorflow as tf
 from ..common import elastic
 from ..common.elastic import ObjectState, State
 from ..common.errors import HorovodInternalError
-from .functions import allgather_object, broadcast_variables
+from .functions import broadcast_variables, check_same_layout
 
 __all__ = ["State", "TensorFlowKerasState", "TensorFlowState", "run"]
 
@@ -68,17 +68,8 @@ def _assign(variables: Sequence[Any], values: Sequence[np.ndarray], what: str) -
 
 
 def _broadcast(variables: Sequence[Any], what: str) -> None:
-    """broadcast_variables from rank 0, once the ranks agree on the variables' shapes and
-    dtypes: a rank with more variables than rank 0 would wait for good on broadcasts that
-    rank 0 never makes."""
-    layout = [(tuple(v.shape), str(v.dtype)) for v in variables]
-    everyone = allgather_object(layout, name=f"elastic.sync.{what}")
-    for rank, theirs in enumerate(everyone):
-        if theirs != everyone[0]:
-            raise ValueError(f"sync of the {what}: rank 0 has {len(everyone[0])} variables, "
-                             f"rank {rank} has {len(theirs)} (or their shapes or dtypes "
-                             "differ); every rank must create the same variables, in the "
-                             "same order, before the state syncs.")
+    """broadcast_variables from rank 0, once the ranks agree that the variables line up."""
+    check_same_layout(variables, 0, f"sync of the {what}", f"elastic.sync.{what}")
     broadcast_variables(variables, root_rank=0)
 
 

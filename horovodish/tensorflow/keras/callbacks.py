@@ -12,7 +12,7 @@ import keras
 import numpy as np
 
 from ...common import basics
-from ..functions import allgather_object, broadcast_variables
+from ..functions import broadcast_variables, check_same_layout
 from ..mpi_ops import Average, allreduce
 
 
@@ -44,26 +44,14 @@ def broadcast_model_state(model: keras.Model, root_rank: int, defer: bool = Fals
     built = model.built and (optimizer is None or optimizer.built)
     local = {id(v) for v in local_variables}
     state = [v for v in model_state(model) if id(v) not in local]
-    layout = [(tuple(v.shape), str(v.dtype)) for v in state]
-    everyone = allgather_object((built, layout), name="BroadcastGlobalVariables.layout")
-    unbuilt = [rank for rank, (ready, _) in enumerate(everyone) if not ready]
+    unbuilt = check_same_layout(state, root_rank, "broadcast of the model's variables",
+                                "BroadcastGlobalVariables.layout", ready=built)
     if unbuilt and defer:
         return False
     if unbuilt:
         raise ValueError(f"broadcast of the model's variables: the model or its optimizer is "
                          f"not built on rank(s) {unbuilt}; build the model (call it once, or "
                          "give it an Input) on every rank first.")
-    root = everyone[root_rank][1]
-    for rank, (_, theirs) in enumerate(everyone):
-        if theirs != root:
-            first = next((i for i, (a, b) in enumerate(zip(root, theirs)) if a != b),
-                         min(len(root), len(theirs)))
-            raise ValueError(
-                f"broadcast of the model's variables: rank {root_rank} has {len(root)} "
-                f"(model and optimizer), rank {rank} has {len(theirs)}; first difference at "
-                f"variable {first}: {root[first] if first < len(root) else 'none'} against "
-                f"{theirs[first] if first < len(theirs) else 'none'}. Every rank must build "
-                "the same model with the same optimizer.")
     broadcast_variables(state, root_rank)
     return True
 

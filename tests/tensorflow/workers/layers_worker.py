@@ -15,9 +15,9 @@ import tensorflow as tf  # noqa: E402
 import horovodish.keras as hvd  # noqa: E402  (the module horovod.keras users import)
 import horovodish.tensorflow as hvd_tf  # noqa: E402
 import horovodish.tensorflow.keras as hvd_tf_keras  # noqa: E402
+from keras_worker import LOSS, PER_RANK_BATCH, flat, same_on_every_rank, shard  # noqa: E402
 
-FEATURES, CLASSES, PER_RANK_BATCH = 5, 3, 4
-LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+FEATURES, CLASSES = 5, 3
 
 
 def dataset(size: int, batches: int, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
@@ -27,27 +27,12 @@ def dataset(size: int, batches: int, seed: int = 3) -> tuple[np.ndarray, np.ndar
     return x, y
 
 
-def shard(array: np.ndarray, rank: int, size: int) -> np.ndarray:
-    """Global batch k (PER_RANK_BATCH * size rows) holds every rank's batch k, in rank order."""
-    blocks = array.reshape(-1, size, PER_RANK_BATCH, *array.shape[1:])
-    return blocks[:, rank].reshape(-1, *array.shape[1:])
-
-
 def make_model(norm: type) -> keras.Model:
     keras.utils.set_random_seed(99)  # the same weights on every rank and the reference
     inputs = keras.Input((FEATURES,))
     hidden = keras.layers.Dense(8)(inputs)
     hidden = keras.layers.Activation("relu")(norm(momentum=0.5)(hidden))
     return keras.Model(inputs, keras.layers.Dense(CLASSES)(hidden))
-
-
-def flat(arrays) -> np.ndarray:
-    return np.concatenate([np.asarray(a, np.float64).ravel() for a in arrays])
-
-
-def same_on_every_rank(c: Checker, value: np.ndarray, what: str) -> None:
-    everyone = hvd.allgather_object(value)
-    c.true(all(np.array_equal(everyone[0], v) for v in everyone), f"{what}: ranks differ")
 
 
 def dense_grads(grads) -> list[np.ndarray]:
