@@ -154,7 +154,7 @@ def _torch_burst(count: int, nbytes: int) -> Callable[[], None] | None:
     return burst
 
 
-def _compute_loop(seconds: float = 0.3) -> float:
+def _compute_loop(seconds: float) -> float:
     """A single-threaded, GIL-holding loop; returns iterations per second."""
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -174,44 +174,56 @@ def _thread_cpu_seconds(native_id: int) -> float:
         return float("nan")
 
 
-def idle_cost(comm: MPI.Comm, rounds: int = 6) -> dict:
+def idle_cost(comm: MPI.Comm, rounds: int = 16, seconds: float = 0.15) -> dict:
     """What an initialized, idle runtime costs a compute-bound loop.
 
     Two figures: the runtime thread's own CPU time as a share of the loop's wall time
-    (precise), and the loop's speed without vs with the idle runtime (rounds alternate
-    which comes first; median of per-round ratios), which on a shared machine is mostly
-    noise of a few percent either way.
+    (precise), and the loop's speed with against without the idle runtime. The second
+    is mostly this machine's noise, so each round also times the loop twice with the
+    runtime off: the spread of those two against each other is the noise floor that a
+    slowdown has to stand out from. Rounds rotate the order of the three loops.
     """
-    ratios, thread_share = [], []
+    with_runtime, control, thread_share = [], [], []
 
     def measure(idle: bool) -> float:
-        if idle:
+        if idle and not basics.is_initialized():
             basics.init()
             time.sleep(0.05)
-        else:
+        elif not idle and basics.is_initialized():
             basics.shutdown()
         comm.Barrier()
         if not idle:
-            return _compute_loop()
+            return _compute_loop(seconds)
         thread = basics.state().runtime._thread
         cpu_before, start = _thread_cpu_seconds(thread.native_id), time.perf_counter()
-        rate = _compute_loop()
+        rate = _compute_loop(seconds)
         thread_share.append((_thread_cpu_seconds(thread.native_id) - cpu_before)
                             / (time.perf_counter() - start))
         return rate
 
+    orders = [("off", "on", "off2"), ("on", "off", "off2"), ("off", "off2", "on")]
     for index in range(rounds):
-        order = (False, True) if index % 2 == 0 else (True, False)
-        rates = {idle: measure(idle) for idle in order}
-        ratios.append(rates[True] / rates[False])
+        rates = {}
+        for key in orders[index % len(orders)]:
+            rates[key] = measure(key == "on")
+        with_runtime.append(rates["on"] / rates["off"])
+        control.append(rates["off2"] / rates["off"])
     basics.init()
     size = comm.Get_size()
-    ratio = comm.allreduce(float(np.median(ratios)), MPI.SUM) / size
+
+    def across_ranks(value: float) -> float:
+        return comm.allreduce(value, MPI.SUM) / size
+
+    ratio = across_ranks(float(np.median(with_runtime)))
+    noise = [abs(1 - r) for r in control]
     # A round whose schedstat read failed (nan) is left out, not allowed to void the rest.
     read = [share for share in thread_share if share == share]
-    share = comm.allreduce(float(np.mean(read)) if read else float("nan"), MPI.SUM) / size
+    share = across_ranks(float(np.mean(read)) if read else float("nan"))
     return {"runtime_thread_cpu_percent": 100.0 * share,
-            "slowdown_percent": 100.0 * (1 - ratio)}
+            "slowdown_percent": 100.0 * (1 - ratio),
+            "noise_floor_percent": 100.0 * across_ranks(float(np.median(noise))),
+            "control_median_percent": 100.0 * (1 - across_ranks(float(np.median(control)))),
+            "rounds": rounds}
 
 
 def _print_report(size: int, rows: list[dict], small: dict, idle: dict) -> None:
@@ -237,7 +249,10 @@ def _print_report(size: int, rows: list[dict], small: dict, idle: dict) -> None:
           f"({small['timeline_throughput_loss_percent']:.1f}% less throughput)")
     print(f"idle cost: the idle runtime thread uses {idle['runtime_thread_cpu_percent']:.2f}% "
           f"of a core while a compute-bound loop runs; the loop runs "
-          f"{idle['slowdown_percent']:.2f}% slower (median of alternating rounds; noisy)")
+          f"{idle['slowdown_percent']:.2f}% slower (median of {idle['rounds']} rotating "
+          f"rounds; noise floor: the loop against itself, runtime off, differs by "
+          f"{idle['noise_floor_percent']:.2f}% in a median round, "
+          f"{idle['control_median_percent']:+.2f}% in the median)")
 
 
 def _plot(rows: list[dict], path: str) -> None:
@@ -262,12 +277,14 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the figures to this file (rank 0)")
     parser.add_argument("--plot", help="draw bus bandwidth against size to this PNG (rank 0)")
+    parser.add_argument("--idle-rounds", type=int, default=16,
+                        help="rounds of the idle-cost measurement (default 16)")
     parser.add_argument("--max-bytes", type=int, default=SIZES[-1],
                         help="largest allreduce in the sweep (default 64 MiB)")
     args = parser.parse_args(argv)
     basics.init()
     comm = MPI.COMM_WORLD.Dup()
-    idle = idle_cost(comm)
+    idle = idle_cost(comm, rounds=args.idle_rounds)
     rows = sweep(comm, [s for s in SIZES if s <= args.max_bytes])
     small = many_small(comm)
     if comm.Get_rank() == 0:

@@ -44,12 +44,15 @@ class GradientReduction:
             raise ValueError(f"groups must be a non-negative integer, got {self.groups}")
 
     def __call__(self, grads: Sequence[Any], variables: Sequence[Any] | None = None,
-                 local: Collection[int] = ()) -> list[Any]:
+                 local: Collection[int] = (), agree_on_overflow: bool = False) -> list[Any]:
         """Reduced gradients, in order; None stays None (a variable with no gradient).
 
         local: ids of variables whose gradients stay on this rank (Horovod's local
         layers): not reduced, divided by the set's size if ``scale_local_gradients``
-        (as Horovod does, whatever the op). Every rank must name the same positions."""
+        (as Horovod does, whatever the op). Every rank must name the same positions.
+        agree_on_overflow (for a loss scaler's check, which follows): if any rank's
+        local gradients are not finite, every rank's become NaN, so that every rank
+        skips the step together; one scalar rides along with the reduction for it."""
         process_set = core.resolve(self.process_set)
         results = [tf.convert_to_tensor(g) if self.sparse_as_dense and
                    isinstance(g, tf.IndexedSlices) else g for g in grads]
@@ -73,11 +76,22 @@ class GradientReduction:
             elif grad is not None:
                 dense.append(i)
         packed = [self.compression.compress(tf.convert_to_tensor(results[i])) for i in dense]
-        reduced = ops.allreduce([p[0] for p in packed], [names[i] for i in dense], self.op,
-                                prescale, postscale, process_set,
-                                self._group_positions(dense, variables))
+        tensors, tensor_names = [p[0] for p in packed], [names[i] for i in dense]
+        groups = self._group_positions(dense, variables)
+        agree = bool(kept) and agree_on_overflow and self.op != ReduceOp.ADASUM
+        if agree:  # in the same call as the gradients: one submission, one order
+            tensors.append(_overflow_marker([results[i] for i in sorted(kept)]))
+            tensor_names.append(f"{self.prefix}.local_overflow")
+            if groups is not None:
+                groups.append([len(dense)])
+        reduced = ops.allreduce(tensors, tensor_names, self.op, prescale, postscale,
+                                process_set, groups)
         for i, out, (_, ctx) in zip(dense, reduced, packed):
             results[i] = self.compression.decompress(out, ctx)
+        if agree:
+            marker = reduced[-1]  # 0 on every rank, or NaN on every rank
+            for i in kept:
+                results[i] = _add_marker(results[i], marker)
         return results
 
     def _group_positions(self, dense: list[int],
@@ -111,6 +125,21 @@ def _local_positions(grads: list[Any], variables: Sequence[Any] | None,
         raise ValueError("local variables need the variables the gradients belong to")
     return {i for i, (grad, variable) in enumerate(zip(grads, variables))
             if grad is not None and id(variable) in local}
+
+
+def _overflow_marker(grads: list[Any]) -> tf.Tensor:
+    """0.0, or NaN when some gradient has an inf or a NaN (0 * inf is NaN); reduced with
+    any op but Adasum, a NaN on one rank is a NaN on all."""
+    parts = [tf.reduce_sum(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g,
+                                   tf.float32) * 0.0) for g in grads]
+    return tf.reshape(tf.add_n(parts), [1])
+
+
+def _add_marker(grad: Any, marker: tf.Tensor) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values + tf.cast(marker[0], grad.values.dtype),
+                                grad.indices, grad.dense_shape)
+    return grad + tf.cast(marker[0], grad.dtype)
 
 
 def _divide(grad: Any, size: int) -> Any:

@@ -13,7 +13,8 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     script.write_text("from horovodish.bench import main\nimport sys\nmain(sys.argv[1:])\n")
     out, png = tmp_path / "bench.json", tmp_path / "busbw.png"
     result = run_ranks(script, 2, args=["--json", str(out), "--plot", str(png),
-                                        "--max-bytes", str(1 << 20)], timeout=180)
+                                        "--max-bytes", str(1 << 20), "--idle-rounds", "3"],
+                       timeout=180)
     assert_ok(result)
     assert "ratio" in result.stdout and "idle cost" in result.stdout
     figures = json.loads(out.read_text())
@@ -30,3 +31,6 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
         < 1e-9
     assert "through horovodish.torch" in result.stdout
     assert png.stat().st_size > 1000
+    idle = figures["idle"]
+    assert idle["rounds"] == 3 and 0 < idle["runtime_thread_cpu_percent"] < 100
+    assert idle["noise_floor_percent"] >= 0 and "noise floor" in result.stdout

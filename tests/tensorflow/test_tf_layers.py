@@ -1,6 +1,7 @@
 """SyncBatchNormalization (outputs, gradients, moving statistics, masks, model.fit) against
 one process on the whole batch; PartialDistributedGradientTape/Optimizer (local layers keep
-their own gradients, scaled or not) against each rank's own gradients, and the broadcast
+their own gradients, scaled or not) against each rank's own gradients, a local overflow under
+mixed_float16 skipping the step on every rank, and the broadcast
 callback's local_variables; the ``horovodish.keras`` module; Horovod's smaller names
 (layout ops, broadcast_object_fn, ignore_name_scope, use_generic_names) and the short
 tensor listing of a tf.function error; on 2 and 3 ranks."""

@@ -62,8 +62,14 @@ class _DistributedOptimizerMixin:
             getattr(self, "_trainable_variables", None) or None
         if self._hvd_passes == 1:
             return super().apply(  # type: ignore[misc]
-                self._hvd_reduction(grads, variables, self._hvd_local), trainable_variables)
+                self._hvd_reduce(grads, variables), trainable_variables)
         return self._hvd_accumulate(grads, variables)
+
+    def _hvd_reduce(self, grads: list[Any], variables: list[Any] | None) -> list[Any]:
+        """A loss scaler's overflow check (ours under mixed_float16) must agree across
+        ranks: it does on reduced gradients; local ones are made to agree."""
+        return self._hvd_reduction(grads, variables, self._hvd_local, agree_on_overflow=bool(
+            self._hvd_local) and isinstance(self, keras.optimizers.LossScaleOptimizer))
 
     def _hvd_accumulate(self, grads: list[Any], variables: list[Any] | None) -> None:
         """Sum backward_passes_per_step local gradients, then reduce and apply once; the
@@ -97,7 +103,7 @@ class _DistributedOptimizerMixin:
             for accumulator in accumulators:
                 accumulator.assign(tf.zeros_like(accumulator))
             accumulation.passes.assign(0)
-            reduced = self._hvd_reduction(summed, variables, self._hvd_local)
+            reduced = self._hvd_reduce(summed, variables)
             if self._hvd_average_aggregated:
                 reduced = [g / self._hvd_passes if g is not None else None for g in reduced]
             apply(reduced, variables)

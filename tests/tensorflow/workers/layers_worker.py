@@ -205,6 +205,44 @@ def check_partial_optimizer(c: Checker, rank: int, size: int) -> None:
     c.true(not np.allclose(heads[0], heads[1]), "fit: the local head differs between ranks")
 
 
+def check_local_overflow_under_mixed_precision(c: Checker, rank: int, size: int) -> None:
+    """A local layer's fp16 gradient overflows on the last rank only: every rank's loss
+    scaler must skip that step (once only that rank did, and the shared weights and the
+    loss scales parted ways), and the next step applies everywhere."""
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((FEATURES,))
+        # A tiny kernel: outputs stay small while its gradient (inputs x upstream x the
+        # loss scale) overflows float16 for large inputs.
+        hidden = keras.layers.Dense(4, name="local",
+                                    kernel_initializer=keras.initializers.Constant(1e-6))(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(CLASSES, name="head")(hidden))
+        optimizer = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                    local_layers=model.get_layer("local"))
+        model.compile(optimizer, LOSS)
+        x, y = dataset(size, 1, seed=17)
+        xs, ys = shard(x, rank, size), shard(y, rank, size)
+        head, local = model.get_layer("head"), model.get_layer("local")
+        start_head, start_local = flat(head.get_weights()), flat(local.get_weights())
+        start_scale = float(optimizer.initial_scale)
+        # x 3000: the inputs stay below float16's 65504, the local kernel's gradient not.
+        big = xs * (3e3 if rank == size - 1 else 1.0)
+        model.fit(big, ys, batch_size=len(xs), epochs=1, shuffle=False, verbose=0)
+        c.close(flat(head.get_weights()), start_head, "overflow on one rank: the shared "
+                "layer is not updated on any rank", tol=0)
+        c.close(flat(local.get_weights()), start_local, "overflow on one rank: no local "
+                "layer is updated", tol=0)
+        c.close(float(optimizer.dynamic_scale.numpy()), start_scale / 2,
+                "overflow on one rank: every rank halves its loss scale", tol=0)
+        model.fit(xs, ys, batch_size=len(xs), epochs=1, shuffle=False, verbose=0)
+        c.true(not np.allclose(flat(head.get_weights()), start_head),
+               "the next step (no overflow) updates the shared layer")
+        same_on_every_rank(c, flat(head.get_weights()), "mixed precision: shared layer")
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
 def check_aggregation_after_failure(c: Checker, rank: int, size: int) -> None:
     """backward_passes_per_step: a reduction that fails drops that round and the next
     rounds train (the counter once stuck past its mark, and training stopped silently)."""
@@ -315,6 +353,7 @@ def main() -> None:
     check_partial_tape(c, rank, size)
     check_partial_optimizer(c, rank, size)
     check_aggregation_after_failure(c, rank, size)
+    check_local_overflow_under_mixed_precision(c, rank, size)
     check_sync_batch_norm(c, rank, size)
     ok(rank, size, c, "layers")
 
