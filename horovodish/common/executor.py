@@ -2,7 +2,8 @@
 
 Allreduce: copy in (prescaled) to the fusion buffer, reduce, copy out (postscaled).
 Average is Sum with a 1/size factor for floating types (float32/float64 apply it on the
-way in, float16/bfloat16 on the way out) and a floor division for integers. A rank that
+way in, float16/bfloat16 on the way out); for integers a division toward zero, or with a
+postscale a factor postscale/size, truncated (Horovod's results). A rank that
 has joined has no entry and contributes zeros.
 
 Entries without an output (callers that let the runtime own the result) are packed into
@@ -13,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .backends.adasum import Adasum
+from .backends.base import divide_toward_zero
 from .backends.shm import SharedMemoryBackend
 from .dtypes import FLOATING, numpy_dtype
 from .entry import Entry, finish_all
@@ -178,14 +180,13 @@ class Executor:
                 if output is not tensor:
                     in_place = False
                     owned = owned or output is None
-        floor_by = self.size if first.reduce_op == ReduceOp.AVERAGE and \
-            first.dtype not in FLOATING else 0
+        divide_by = self.size if self._divides(first) else 0
         self._phase("SHM_ALLREDUCE")
         if owned:
             block = self.result_blocks.take(dtype, sum(counts))
-            backend.allreduce_into(inputs, counts, block, dtype, op, pre, post, floor_by)
+            backend.allreduce_into(inputs, counts, block, dtype, op, pre, post, divide_by)
             return _hand_out(block, mine, group)
-        backend.allreduce_into(inputs, counts, outputs, dtype, op, pre, post, floor_by,
+        backend.allreduce_into(inputs, counts, outputs, dtype, op, pre, post, divide_by,
                                in_place)
         return outputs
 
@@ -226,8 +227,8 @@ class Executor:
             if buf.size:
                 backend.allreduce(buf, op)
         self._phase("MEMCPY_OUT_FUSION_BUFFER")
-        if first.reduce_op == ReduceOp.AVERAGE and first.dtype not in FLOATING:
-            np.floor_divide(buf, self.size, out=buf)
+        if self._divides(first):
+            divide_toward_zero(buf, self.size)
 
     def _pieces(self, counts: list[int], itemsize: int, backend, first: Response
                 ) -> list[tuple[int, int]]:
@@ -268,14 +269,23 @@ class Executor:
         self.scatterer.copy_out(buf, [e.output if e is not None else None for e in mine],
                                 counts, sized=True)
 
-    def _scales(self, first: Response) -> tuple[float, float]:
-        """(prescale, postscale) as applied; Average's 1/size joins one of them."""
+    def _scales(self, first: Response, divide_first: bool = True) -> tuple[float, float]:
+        """(prescale, postscale) as applied; Average's 1/size joins one of them, except
+        for integers without a postscale (see _divides)."""
         pre, post = first.prescale, first.postscale
-        if first.reduce_op == ReduceOp.AVERAGE and first.dtype in _DIVIDE_FIRST:
+        if first.reduce_op == ReduceOp.AVERAGE and divide_first and \
+                first.dtype in _DIVIDE_FIRST:
             pre = pre / self.size  # on the way in: saves the in-place pass over results
-        elif first.reduce_op == ReduceOp.AVERAGE and first.dtype in FLOATING:
+        elif first.reduce_op == ReduceOp.AVERAGE and not self._divides(first):
+            # Integers with a postscale: trunc(sum * postscale / size), as Horovod.
             post = post / self.size
         return pre, post
+
+    @staticmethod
+    def _divides(first: Response) -> bool:
+        """Integer Average without a postscale: an exact division toward zero."""
+        return first.reduce_op == ReduceOp.AVERAGE and first.dtype not in FLOATING and \
+            first.postscale == 1.0
 
     def _pack(self, buf: np.ndarray, mine: list[Entry | None], counts: list[int],
               dtype: np.dtype, prescale: float) -> None:
@@ -346,12 +356,9 @@ class Executor:
         self._phase(f"{backend.name.upper()}_REDUCESCATTER")
         if send.size:
             backend.reducescatter(send, flat_out, counts, op)
-        post = response.postscale
-        if response.reduce_op == ReduceOp.AVERAGE:
-            if response.dtype in FLOATING:
-                post = post / self.size
-            else:
-                np.floor_divide(flat_out, self.size, out=flat_out)
+        _, post = self._scales(response, divide_first=False)
+        if self._divides(response):
+            divide_toward_zero(flat_out, self.size)
         if post != 1.0:
             _scaled_copy(flat_out, flat_out, post)
         return out

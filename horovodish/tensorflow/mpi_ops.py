@@ -217,8 +217,10 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
         return [out]
 
     def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
-        back = received[0] if splits is not None else None
-        return [ops.alltoall(dys[0], back, op_names(None, dys, "alltoall.grad", process_set)[0],
+        # Back along the received splits, also without splits given: ranks whose first
+        # dimensions differ receive row counts their size need not divide.
+        return [ops.alltoall(dys[0], received[0],
+                             op_names(None, dys, "alltoall.grad", process_set)[0],
                              process_set)[0]]
     output = _differentiable(forward, backward, tensors)[0]
     return output if splits is None else (output, received[0])

@@ -63,6 +63,11 @@ class GradientBuckets:
         if self._order is not None:
             self._order.clear()
 
+    def forget_order(self) -> None:
+        """Keep learning: record the order afresh on the next step."""
+        if self._order is not None:
+            self._order.clear()
+
     def recorded(self, unseen: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """This rank's first-step order: hook order, then parameters that got no hook."""
         return [*(self._order or []), *unseen]

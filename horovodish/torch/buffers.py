@@ -6,7 +6,7 @@ DDP broadcasts all of them from rank 0 before every forward; that is one choice 
 ``BufferSync`` lets each buffer say how it is combined:
 
     'broadcast'  root_rank's value everywhere (the default; DDP's behaviour)
-    'average'    mean over ranks (integers: floor of the mean)
+    'average'    mean over ranks (integers: truncated toward zero)
     'sum'        sum over ranks
     'none'       left alone (rank-local)
     callable     f(list of every rank's tensor, in rank order) -> tensor of the same shape

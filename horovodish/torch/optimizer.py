@@ -60,7 +60,7 @@ from ..common.process_sets import ProcessSet, global_process_set
 from . import mpi_ops
 from .buckets import GradientBuckets
 from .compression import Compression
-from .functions import allgather_object, load_state_in_place
+from .functions import load_state_in_place
 from .sparse import sparse_allreduce_async
 
 _STATS_KEPT = 1000
@@ -90,6 +90,7 @@ class _DistributedOptimizer:
         self._hvd_as_view = gradient_as_bucket_view
         self._hvd_buckets = GradientBuckets(bucket_cap_mb * 2 ** 20, groups)
         self._hvd_sparse: dict[torch.Tensor, int] = {}  # sparse_dim of sparse gradients
+        self._hvd_agreed = False  # on sparsity (and bucket order): see _hvd_agree
         # (handle, params, compression contexts, sent as sparse)
         self._hvd_pending: list[tuple[int, list[torch.Tensor], list[Any], bool]] = []
         self._hvd_submitted: set[torch.Tensor] = set()
@@ -126,6 +127,9 @@ class _DistributedOptimizer:
             return
         leftovers = [p for p in self._hvd_params if p not in self._hvd_submitted]
         try:
+            # Before the zeros for gradients this rank lacks: whether to send them
+            # sparse depends on what the other ranks had.
+            order = self._hvd_agree(leftovers) if not self._hvd_agreed else None
             if leftovers:
                 self._hvd_submit(leftovers)
             self._hvd_install_results()
@@ -138,7 +142,10 @@ class _DistributedOptimizer:
         self._hvd_next_step()
         self._hvd_buckets.end_step()
         if self._hvd_buckets.learning:
-            self._hvd_learn(leftovers)
+            if order is None:  # not every rank took part: learn on a later step
+                self._hvd_buckets.forget_order()
+            else:
+                self._hvd_buckets.learn(order)
         self._hvd_record_stats()
         self._hvd_synchronized = True
 
@@ -298,23 +305,44 @@ class _DistributedOptimizer:
             self._hvd_pending.append((handle, dense, ctxs, False))
             self._hvd_submissions += 1
 
-    def _hvd_learn(self, unseen: list[torch.Tensor]) -> None:
-        """End of the first step: agree on rank 0's gradient order, so that every rank
-        buckets (and fuses) alike, and on which gradients came sparse on any rank, so
-        that a rank without one sends an empty sparse gradient rather than dense zeros."""
-        names = self._hvd_names
-        order = [names[p] for p in self._hvd_buckets.recorded(unseen)]
-        sparse = {names[p]: dim for p, dim in self._hvd_sparse.items()}
+    def _hvd_agree(self, unseen: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """First steps: agree across ranks on which gradients are sparse (so that a rank
+        without one sends an empty sparse gradient, not dense zeros under another name)
+        and on one gradient order to bucket by (so that every rank fuses alike).
+
+        One Sum allreduce of integer counts, not an allgather: a rank that has joined
+        takes part with zeros. Then the counts show that not every rank took part, and
+        nothing is settled (nor learned) until a step where all do, since a joined rank
+        learns nothing and every rank must bucket alike. The order is by the ranks'
+        summed positions (ties by parameter), the same on every rank.
+        Returns the order to bucket by, or None while not settled."""
+        params = self._hvd_params
+        count = len(params)
+        position = {p: i + 1 for i, p in enumerate(self._hvd_buckets.recorded(unseen))}
+        mine = torch.zeros(1 + 3 * count, dtype=torch.int64)
+        mine[0] = 1
+        for i, param in enumerate(params):
+            mine[1 + i] = position.get(param, count + 1)
+            if param in self._hvd_sparse:
+                mine[1 + count + i] = 1
+                mine[1 + 2 * count + i] = self._hvd_sparse[param] + 1
         if self._hvd_process_set.size() > 1:
-            gathered = allgather_object((order, sparse), name="DistributedOptimizer.order",
-                                        process_set=self._hvd_process_set)
-            order = gathered[0][0]
-            for _, theirs in gathered:
-                sparse.update(theirs)
-        by_name = {name: param for param, name in names.items()}
-        self._hvd_sparse = {by_name[n]: dim for n, dim in sparse.items() if n in by_name}
-        self._hvd_buckets.learn([by_name[n] for n in order
-                                 if n in by_name and n not in sparse])
+            name = f"DistributedOptimizer.agree.{count}.{self._hvd_names[params[0]]}" \
+                if params else "DistributedOptimizer.agree.0"
+            total = mpi_ops.allreduce(mine, name=name, op=ReduceOp.SUM,
+                                      process_set=self._hvd_process_set)
+        else:
+            total = mine
+        if int(total[0]) < self._hvd_process_set.size():
+            return None
+        sums = total[1:1 + count].tolist()
+        had_sparse = total[1 + count:1 + 2 * count].tolist()
+        dims = total[1 + 2 * count:].tolist()
+        self._hvd_sparse = {p: dims[i] // had_sparse[i] - 1
+                            for i, p in enumerate(params) if had_sparse[i]}
+        self._hvd_agreed = True
+        ranked = sorted(range(count), key=lambda i: (sums[i], i))
+        return [params[i] for i in ranked if params[i] not in self._hvd_sparse]
 
     def _hvd_counters(self) -> tuple[int, int, int]:
         runtime = self._hvd_process_set.runtime

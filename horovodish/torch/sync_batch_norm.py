@@ -10,7 +10,6 @@ DistributedOptimizer like every other gradient).
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import torch
@@ -19,9 +18,6 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..common.process_sets import ProcessSet, global_process_set
 from . import mpi_ops
-
-_instances = itertools.count()
-
 
 class _SyncBatchNorm(torch.autograd.Function):
     @staticmethod
@@ -101,9 +97,11 @@ class SyncBatchNorm(_BatchNorm):
         super().__init__(num_features, eps, momentum, affine, track_running_stats,
                          device=device, dtype=dtype)
         self.process_set = process_set
-        # Per-instance names: ranks build the same model, so the k-th SyncBatchNorm has
-        # the same name everywhere, and its collectives hit the response cache each step.
-        self._sync_name = f"sync_batch_norm.{next(_instances)}"
+        # Named by width, not by instance: a rank that builds one more SyncBatchNorm (an
+        # EMA copy, say) must not shift the names of the ones all ranks run. Layers of one
+        # width share names (their collectives run one at a time) and so the response
+        # cache entry, which only sees the same shapes under a name.
+        self._sync_name = f"sync_batch_norm.{num_features}"
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:

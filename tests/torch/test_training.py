@@ -23,7 +23,8 @@ def _run(worker: str, np: int, env: dict[str, str] | None = None) -> str:
 @pytest.mark.parametrize("np", [2, 3])
 def test_distributed_optimizer(np):
     """Equivalence with one process on the whole batch (SGD, Adam, AdamW, accumulation,
-    Sum, predivide, groups, compression, sparse, a one-rank branch), errors, Muon,
+    Sum, predivide, groups, compression, sparse, a one-rank branch, a sparse gradient on
+    one rank in the first step, a rank that joins before it), errors, Muon,
     broadcast_optimizer_state, and fewer negotiation cycles once the order is learned."""
     _run("optimizer_worker.py", np)
 

@@ -27,6 +27,17 @@ def reduce_ufunc(dtype: np.dtype, op: ReduceOp) -> np.ufunc:
     return table[op]
 
 
+def divide_toward_zero(buf: np.ndarray, divisor: int) -> None:
+    """Integer Average, in place: the quotient truncated toward zero (-3 / 2 is -1), as
+    Horovod's scaling by 1/size and C's cast give it; exact for every int64."""
+    if np.issubdtype(buf.dtype, np.unsignedinteger):
+        np.floor_divide(buf, divisor, out=buf)
+        return
+    inexact = np.remainder(buf, divisor) != 0
+    np.floor_divide(buf, divisor, out=buf)
+    buf += inexact & (buf < 0)  # a negative quotient that floor took one too far
+
+
 class Backend(ABC):
     """One way to execute collectives. Runs on the runtime thread only."""
 

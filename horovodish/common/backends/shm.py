@@ -27,7 +27,7 @@ from mpi4py import MPI
 
 from ..messages import ReduceOp, RequestType
 from ..scatter import MIN_OUTPUTS, Scatterer
-from .base import Backend, reduce_ufunc
+from .base import Backend, divide_toward_zero, reduce_ufunc
 
 log = logging.getLogger("horovodish")
 
@@ -121,11 +121,11 @@ class SharedMemoryBackend(Backend):
     def allreduce_into(self, inputs: list[np.ndarray | None], counts: list[int],
                        outputs: list[np.ndarray | None] | np.ndarray, dtype: np.dtype,
                        op: ReduceOp, prescale: float = 1.0, postscale: float = 1.0,
-                       floor_divide_by: int = 0, in_place: bool = False) -> None:
+                       divide_by: int = 0, in_place: bool = False) -> None:
         """Reduce the concatenation of inputs (None: zeros, for a rank that joined) into
         outputs: one array per input (None: not wanted), or one flat array for all.
         Arrays of dtype; outputs C-contiguous. Inputs are scaled by prescale, results by
-        postscale, and integer results floor-divided by floor_divide_by when given.
+        postscale, and integer results divided toward zero by divide_by when given.
         Every rank calls it with the same counts. ``in_place``: each output is its input
         (then one MPI datatype of the tensors' addresses serves to pack and to copy out).
 
@@ -188,8 +188,8 @@ class SharedMemoryBackend(Backend):
                 reduced = views[0][start:stop]
                 for other in views[1:]:
                     ufunc(reduced, other[start:stop], out=reduced)
-                if floor_divide_by:
-                    np.floor_divide(reduced, floor_divide_by, out=reduced)
+                if divide_by:
+                    divide_toward_zero(reduced, divide_by)
                 if postscale != 1.0:
                     np.multiply(reduced, postscale, out=reduced, casting="unsafe")
                 window.Sync()

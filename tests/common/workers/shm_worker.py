@@ -27,7 +27,8 @@ def contribution(rank: int, count: int, dtype, op: ReduceOp, seed: int) -> np.nd
     rng = np.random.default_rng(seed * 31 + rank)
     if dtype == np.bool_:
         return rng.integers(0, 2, count).astype(np.bool_)
-    low, high = (1, 3) if op == ReduceOp.PRODUCT else (0, 4)
+    # Signed integers go negative: an integer Average then divides toward zero.
+    low, high = (1, 3) if op == ReduceOp.PRODUCT else ((-3, 4) if np.dtype(dtype).kind == "i" else (0, 4))
     return rng.integers(low, high, count).astype(dtype)
 
 
@@ -48,7 +49,7 @@ def reference(size: int, counts: list[int], dtype, op: ReduceOp, seed: int,
         return table[op].reduce(np.stack(parts).astype(bool), axis=0)
     total = NUMPY_OPS[op].reduce(np.stack(parts), axis=0)
     if floor_by:
-        total = np.floor_divide(total, floor_by)
+        total = np.sign(total) * (np.abs(total) // floor_by)  # toward zero
     return total * postscale
 
 

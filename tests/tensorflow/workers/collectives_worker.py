@@ -35,7 +35,7 @@ def reduce_ref(arrays: list[np.ndarray], op: str, dtype: str, size: int) -> np.n
         return stacked.sum(0)
     if op == "Average":
         total = stacked.sum(0)
-        return total / size if dtype in FLOATS else np.floor_divide(total, size)
+        return total / size if dtype in FLOATS else np.sign(total) * (np.abs(total) // size)
     return {"Min": stacked.min(0), "Max": stacked.max(0), "Product": stacked.prod(0)}[op]
 
 
@@ -156,7 +156,7 @@ def check_gradients(c: Checker, rank: int, size: int) -> None:
     every_w = lambda name, shape_of: [weights(r, name, shape_of(r)) for r in range(size)]  # noqa
     root = size - 1
 
-    def losses(x_ar, x_ag, x_rs, x_a2a):
+    def losses(x_ar, x_ag, x_rs, x_a2a, x_even):
         w_ar = tf.constant(weights(rank, "w_ar", (3,)))
         parts = {
             "Sum": tf.reduce_sum(w_ar * hvd.allreduce(x_ar, op=hvd.Sum)),
@@ -175,6 +175,9 @@ def check_gradients(c: Checker, rank: int, size: int) -> None:
         sent, _ = hvd.alltoall(x_a2a, splits=splits_of(rank, size))
         parts["alltoall"] = tf.reduce_sum(tf.constant(weights(rank, "w_a2a", a2a_rows(rank)))
                                           * sent)
+        # No splits, first dimensions that differ: rank r sends r + 1 rows to each rank.
+        parts["alltoall even"] = tf.reduce_sum(tf.constant(weights(rank, "w_even", (total_ag, 2)))
+                                               * hvd.alltoall(x_even))
         return parts
 
     total_ag = sum(r + 1 for r in range(size))
@@ -182,14 +185,14 @@ def check_gradients(c: Checker, rank: int, size: int) -> None:
     rs_rows = lambda r: (rows // size + (1 if r < rows % size else 0), 2)  # noqa: E731
     a2a_rows = lambda r: (sum(splits_of(s, size)[r] for s in range(size)), 2)  # noqa: E731
 
-    def grads(x_ar, x_ag, x_rs, x_a2a):
+    def grads(x_ar, x_ag, x_rs, x_a2a, x_even):
         out = {}
         for key in ("Sum", "Average", "scaled", "grouped", "allgather", "broadcast",
-                    "reducescatter", "alltoall"):
+                    "reducescatter", "alltoall", "alltoall even"):
             with tf.GradientTape() as tape:
-                tape.watch([x_ar, x_ag, x_rs, x_a2a])
-                loss = losses(x_ar, x_ag, x_rs, x_a2a)[key]
-            out[key] = [g for g in tape.gradient(loss, [x_ar, x_ag, x_rs, x_a2a])
+                tape.watch([x_ar, x_ag, x_rs, x_a2a, x_even])
+                loss = losses(x_ar, x_ag, x_rs, x_a2a, x_even)[key]
+            out[key] = [g for g in tape.gradient(loss, [x_ar, x_ag, x_rs, x_a2a, x_even])
                         if g is not None][0]
         return out
 
@@ -208,10 +211,14 @@ def check_gradients(c: Checker, rank: int, size: int) -> None:
         start = sum(splits_of(s, size)[dest] for s in range(rank))
         blocks.append(w_a2a[dest][start:start + splits_of(rank, size)[dest]])
     want["alltoall"] = np.concatenate(blocks)
+    w_even = every_w("w_even", lambda r: (total_ag, 2))
+    want["alltoall even"] = np.concatenate([w_even[dest][offset:offset + rank + 1]
+                                            for dest in range(size)])
     args = [tf.constant(data(rank, "x_ar", (3,), "float64")),
             tf.constant(data(rank, "x_ag", (rank + 1, 2), "float64")),
             tf.constant(data(rank, "x_rs", (rows, 2), "float64")),
-            tf.constant(data(rank, "x_a2a", (sum(splits_of(rank, size)), 2), "float64"))]
+            tf.constant(data(rank, "x_a2a", (sum(splits_of(rank, size)), 2), "float64")),
+            tf.constant(data(rank, "x_even", (size * (rank + 1), 2), "float64"))]
     for mode, fn in (("eager", grads), ("graph", tf.function(grads))):
         got = fn(*args)
         for key, value in want.items():

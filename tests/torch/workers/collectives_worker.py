@@ -19,6 +19,11 @@ DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.
 SHAPES = [(), (0,), (5,), (3, 4), (2, 0, 3), (17, 3)]
 
 
+
+def toward_zero(total: np.ndarray, size: int) -> np.ndarray:
+    """Integer Average as Horovod computes it: the quotient truncated toward zero."""
+    return np.sign(total) * (np.abs(total) // size)
+
 def data(rank: int, name: str, shape, dtype: torch.dtype) -> torch.Tensor:
     gen = torch.Generator().manual_seed(zlib.crc32(f"{name}/{rank}".encode()))
     if dtype == torch.bool:
@@ -61,7 +66,7 @@ def allreduce_reference(inputs, op, pre, post, dtype, size):
     if op in (hvd.Sum, hvd.Average):
         result = stacked.sum(0)
         if op == hvd.Average:
-            result = result / size if dtype.is_floating_point else np.floor_divide(result, size)
+            result = result / size if dtype.is_floating_point else toward_zero(result, size)
     elif op == hvd.Min:
         result = stacked.min(0)
     elif op == hvd.Max:
@@ -93,6 +98,21 @@ def test_allreduce(rank: int, size: int) -> None:
                     hvd.allreduce_(mine, name=name + ".inplace", op=op, prescale_factor=pre,
                                    postscale_factor=post)
                     same(mine, want, name + " in place")
+    # Integer Average with a postscale: trunc(sum * postscale / size), as Horovod (not
+    # the quotient times the postscale); reducescatter alike.
+    for dtype in (torch.int32, torch.int64, torch.int8):
+        inputs = [data(r, f"int.post.{dtype}", (2 * size + 1,), dtype) for r in range(size)]
+        total = np.stack([ref_np(t) for t in inputs]).astype(np.int64).sum(0)
+        want = np.trunc(total * 3.0 / size)
+        same(hvd.allreduce(inputs[rank], name=f"int.post.{dtype}", op=hvd.Average,
+                           postscale_factor=3.0), want, f"{dtype} Average, postscale 3")
+        rows = [len(want) // size + (1 if r < len(want) % size else 0) for r in range(size)]
+        mine = want[sum(rows[:rank]):sum(rows[:rank + 1])]
+        same(hvd.reducescatter(inputs[rank], name=f"int.post.rs.{dtype}", op=hvd.Average,
+                               postscale_factor=3.0), mine, f"{dtype} reducescatter, postscale 3")
+        same(hvd.reducescatter(inputs[rank], name=f"int.rs.{dtype}", op=hvd.Average),
+             toward_zero(total, size)[sum(rows[:rank]):sum(rows[:rank + 1])],
+             f"{dtype} reducescatter Average")
     # Non-contiguous input, in place and not.
     base = data(rank, "nc", (4, 6), torch.float32)
     view = base.t()

@@ -208,6 +208,76 @@ def test_sparse() -> None:
           "Adam on sparse_as_dense gradients")
 
 
+class SparseBranch(nn.Module):
+    """An embedding (sparse gradients, or dense for the reference) on one branch."""
+
+    def __init__(self, sparse: bool) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.embedding = nn.Embedding(30, 4, sparse=sparse)
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, use_embedding: bool) -> torch.Tensor:
+        if use_embedding:
+            return self.head(self.embedding((x.abs() * 10).long().clamp(max=29)[:, :3]).mean(1))
+        return self.head(x[:, :4])
+
+
+def test_sparse_on_some_ranks_in_the_first_step() -> None:
+    """Step 1: only rank 0 has the sparse gradient. The others must send an empty sparse
+    one under the same names, not dense zeros under another (that stalled)."""
+    def first_step_on_rank_0() -> Callable:
+        calls: dict[int, int] = {}
+
+        def loss_fn(m: nn.Module, x: torch.Tensor, y: torch.Tensor, r: int) -> torch.Tensor:
+            calls[r] = calls.get(r, 0) + 1
+            return F.mse_loss(m(x, use_embedding=r == 0 or calls[r] > 1), y)
+        return loss_fn
+    plain = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+    want = reference(plain, steps=4, model=SparseBranch(sparse=False),
+                     loss_fn=first_step_on_rank_0())
+    for cap in (25.0, 0.0):
+        model, _ = train(plain, steps=4, model=SparseBranch(sparse=True),
+                         loss_fn=first_step_on_rank_0(), bucket_cap_mb=cap)
+        close(model, want, 1e-5, f"sparse gradient on rank 0 alone in step 1, cap {cap}")
+
+
+def test_join_before_the_first_step() -> None:
+    """Rank 0 has no batches in the first epoch and joins at once: the others train with
+    its zeros (Average still divides by size), then every rank trains; buckets are
+    learned at the first step all ranks make (the order exchange once failed: an
+    allgather while a rank had joined)."""
+    rank, size = hvd.rank(), hvd.size()
+    for cap in (25.0, 0.0):
+        model, want = make_model(), make_model()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       bucket_cap_mb=cap)
+        want_opt = torch.optim.SGD(want.parameters(), lr=0.1)
+
+        def step(index: int, ranks: range) -> None:
+            x, y = batch(index)
+            want_opt.zero_grad()
+            (sum(F.mse_loss(want(shard(x, r)), shard(y, r)) for r in ranks) / size).backward()
+            want_opt.step()
+            if rank in ranks:
+                opt.zero_grad()
+                F.mse_loss(model(shard(x)), shard(y)).backward()
+                opt.step()
+        for index in range(3):
+            step(index, range(1, size))
+        last = hvd.join()
+        check(0 < last < size, f"join() returned {last}; rank 0 joined first")
+        hvd.broadcast_parameters(model.state_dict(), root_rank=1)  # rank 0 missed updates
+        for index in range(3, 6):
+            step(index, range(size))
+        close(model, want, 1e-5, f"joined before the first step, cap {cap}")
+        stats = opt.negotiation_stats()
+        if cap:
+            check([s["submissions"] for s in stats[-2:]] == [1, 1],
+                  f"no buckets learned once every rank stepped: {stats}")
+
+
 def test_muon() -> None:
     if not hasattr(torch.optim, "Muon"):
         return
@@ -508,7 +578,8 @@ def main() -> None:
     torch.set_num_threads(1)
     started = time.perf_counter()
     for test in [test_equivalence, test_gradient_identity, test_branch_on_one_rank,
-                 test_sparse, test_muon,
+                 test_sparse, test_sparse_on_some_ranks_in_the_first_step,
+                 test_join_before_the_first_step, test_muon,
                  test_errors, test_broadcast_optimizer_state,
                  test_scheduler_built_before_wrapping, test_learned_order,
                  test_learned_order_follows_use,
