@@ -15,9 +15,8 @@ import tensorflow as tf
 from ..common import collectives as core
 from ..common.messages import ReduceOp
 from ..common.process_sets import ProcessSet, global_process_set
-from . import ops
 from .compression import Compression
-from .mpi_ops import _sparse_allreduce
+from .mpi_ops import _allreduce, _sparse_allreduce
 from .naming import positional_names
 
 
@@ -84,8 +83,9 @@ class GradientReduction:
             tensor_names.append(f"{self.prefix}.local_overflow")
             if groups is not None:
                 groups.append([len(dense)])
-        reduced = ops.allreduce(tensors, tensor_names, self.op, prescale, postscale,
-                                process_set, groups)
+        # Differentiable: an outer tape can take second-order gradients through it.
+        reduced = _allreduce(tensors, self.op, prescale, postscale, tensor_names, process_set,
+                             groups) if tensors else []
         for i, out, (_, ctx) in zip(dense, reduced, packed):
             results[i] = self.compression.decompress(out, ctx)
         if agree:

@@ -39,7 +39,10 @@ def _tensors(values: Sequence[Any], opname: str) -> list[tf.Tensor]:
 
 def _differentiable(forward: Callable[[list[tf.Tensor]], list[tf.Tensor]], backward: Grads,
                     tensors: list[tf.Tensor]) -> list[tf.Tensor]:
-    """forward(xs) -> ys, with backward(dys, xs) -> dxs registered as its gradient."""
+    """forward(xs) -> ys, with backward(dys, xs) -> dxs registered as its gradient.
+    Each backward is built from these differentiable collectives in turn, not from the
+    raw ops: an outer tape then differentiates the gradient too (a raw op's result is a
+    constant to the tape, and second-order gradients came out silently wrong)."""
     if not any(t.dtype.is_floating for t in tensors):
         return forward(tensors)  # nothing to differentiate; skip the tape bookkeeping
 
@@ -66,12 +69,14 @@ def _scale(tensors: list[tf.Tensor], factor: float) -> list[tf.Tensor]:
 
 # -- allreduce -----------------------------------------------------------------------------
 def _allreduce(tensors: list[tf.Tensor], op: ReduceOp, prescale: float, postscale: float,
-               names: list[str], process_set: ProcessSet) -> list[tf.Tensor]:
+               names: list[str], process_set: ProcessSet,
+               groups: Sequence[Sequence[int]] | None = None) -> list[tf.Tensor]:
+    """ops.allreduce (groups: see there), differentiable to any order."""
     def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
-        return ops.allreduce(dys, op_names(None, dys, "allreduce.grad", process_set), op,
-                             prescale, postscale, process_set)
+        return _allreduce(dys, op, prescale, postscale,
+                          op_names(None, dys, "allreduce.grad", process_set), process_set)
     return _differentiable(lambda xs: ops.allreduce(xs, names, op, prescale, postscale,
-                                                    process_set), backward, tensors)
+                                                    process_set, groups), backward, tensors)
 
 
 def _sparse_allreduce(slices: tf.IndexedSlices, op: ReduceOp, prescale: float,
@@ -147,8 +152,8 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
     names = _names or op_names(name, tensors, "allgather", process_set)
 
     def backward(dys: list[tf.Tensor], xs: list[tf.Tensor]) -> list[tf.Tensor]:
-        reduced = ops.allreduce(dys, op_names(None, dys, "allgather.grad", process_set),
-                                Average, 1.0, 1.0, process_set)
+        reduced = _allreduce(dys, Average, 1.0, 1.0,
+                             op_names(None, dys, "allgather.grad", process_set), process_set)
         firsts = [tf.shape(x, out_type=tf.int64)[:1] for x in xs]
         dims = ops.allgather(firsts, op_names(None, firsts, "allgather.grad_dims",
                                               process_set), process_set)
@@ -169,8 +174,8 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
 def _broadcast(tensors: list[tf.Tensor], root_rank: int, names: list[str],
                process_set: ProcessSet) -> list[tf.Tensor]:
     def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
-        reduced = ops.allreduce(dys, op_names(None, dys, "broadcast.grad", process_set),
-                                Average, 1.0, 1.0, process_set)
+        reduced = _allreduce(dys, Average, 1.0, 1.0,
+                             op_names(None, dys, "broadcast.grad", process_set), process_set)
         return reduced if basics.rank() == root_rank else [tf.zeros_like(g) for g in reduced]
     return _differentiable(lambda xs: ops.broadcast(xs, names, root_rank, process_set),
                            backward, tensors)
@@ -219,9 +224,9 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
         # Back along the received splits, also without splits given: ranks whose first
         # dimensions differ receive row counts their size need not divide.
-        return [ops.alltoall(dys[0], received[0],
-                             op_names(None, dys, "alltoall.grad", process_set)[0],
-                             process_set)[0]]
+        return [alltoall(dys[0], received[0], op_names(None, dys, "alltoall.grad",
+                                                       process_set)[0],
+                         process_set=process_set)[0]]
     output = _differentiable(forward, backward, tensors)[0]
     return output if splits is None else (output, received[0])
 
@@ -243,8 +248,8 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     factor = prescale_factor * postscale_factor / (process_set.size() if op == Average else 1)
 
     def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
-        gathered = ops.allgather(dys, op_names(None, dys, "reducescatter.grad", process_set),
-                                 process_set)
+        gathered = grouped_allgather(dys, process_set=process_set, _names=op_names(
+            None, dys, "reducescatter.grad", process_set))
         return _scale(gathered, factor)
     outs = _differentiable(lambda xs: ops.reducescatter(xs, names, op, prescale_factor,
                                                         postscale_factor, process_set),

@@ -2,9 +2,13 @@
 
 Eager tensors go straight to the core, with no op built (the cheapest path). Inside
 tf.function each call becomes one stateful ``tf.numpy_function`` whose body submits to the
-core and waits. tf.function's automatic control dependencies run stateful ops in program
-order, so every rank reaches its collectives in the same order even though each op blocks
-a TensorFlow thread while it waits. No gradients here (see mpi_ops.py).
+core and waits, blocking a TensorFlow thread meanwhile. So every rank must reach its
+collectives in the same order: each op gets a control dependency on the collective built
+before it in the same graph. tf.function's automatic control dependencies already do that
+for the graphs it traces, but not for the backward function TensorFlow builds when an
+eager tape differentiates a tf.function: there the gradients' collectives ran in whatever
+order each rank's executor picked, each rank blocked on one the others had not reached,
+and the job hung. No gradients here (see mpi_ops.py).
 """
 from __future__ import annotations
 
@@ -101,8 +105,14 @@ def run(body: Callable[..., list[np.ndarray]], tensors: Sequence[Any],
             except Exception:  # noqa: BLE001 - a type with another constructor
                 raise exc from None
             raise wrapped from exc
-    outs = tf.numpy_function(graph_body, list(tensors), list(out_dtypes), stateful=True,
-                             name=f"Horovodish{opname.title().replace('_', '')}")
+    graph = tf.compat.v1.get_default_graph()
+    previous = getattr(graph, "_horovodish_last_collective", None)
+    with tf.control_dependencies([previous] if previous is not None else []):
+        outs = tf.numpy_function(graph_body, list(tensors), list(out_dtypes), stateful=True,
+                                 name=f"Horovodish{opname.title().replace('_', '')}")
+    # On the graph itself (a reference cycle the collector frees with it), not in a table
+    # keyed by graph, which the op would keep alive.
+    graph._horovodish_last_collective = outs[0].op if out_dtypes else outs
     return list(outs) if out_dtypes else []  # no outputs: numpy_function gives the op
 
 

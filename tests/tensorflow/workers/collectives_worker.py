@@ -225,6 +225,68 @@ def check_gradients(c: Checker, rank: int, size: int) -> None:
             c.close(got[key].numpy(), value, f"{mode} gradient of {key}")
 
 
+def check_second_order(c: Checker, rank: int, size: int) -> None:
+    """Gradients of gradients through the collectives (a gradient penalty, MAML): the
+    backward of each collective is differentiable in turn (once a constant to the outer
+    tape: silently wrong, or None through DistributedGradientTape)."""
+    x = tf.Variable([1.0, 2.0], dtype=tf.float64)
+    xv, scale = np.array([1.0, 2.0]), float(rank + 1)
+    total = sum(r + 1.0 for r in range(size))
+
+    def through_allreduce():
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                y = hvd.allreduce(scale * x * x, op=hvd.Sum)  # total * x^2 everywhere
+                loss = tf.reduce_sum(y * y)
+            grad = inner.gradient(loss, x)  # 4 size total scale x^3
+            penalty = tf.reduce_sum(grad)
+        return grad, outer.gradient(penalty, x)
+
+    def through_tape():
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                loss = tf.reduce_sum(x ** 3) * scale
+            grad = hvd.DistributedGradientTape(inner).gradient(loss, x)  # 3 x^2 mean(scale)
+            penalty = tf.reduce_sum(grad)
+        # The allreduce's gradient is the allreduce of the upstream ones (all 1): 6 x scale.
+        return grad, outer.gradient(penalty, x)
+    for mode, wrap in (("eager", lambda f: f), ("tf.function", tf.function)):
+        grad, second = wrap(through_allreduce)()
+        c.close(grad.numpy(), 4 * size * total * scale * xv ** 3, f"{mode}: first order")
+        c.close(second.numpy(), 12 * size * total * scale * xv ** 2,
+                f"{mode}: second order through allreduce")
+        grad, second = wrap(through_tape)()
+        c.close(grad.numpy(), 3 * xv ** 2 * total / size, f"{mode}: DistributedGradientTape")
+        c.true(second is not None, f"{mode}: second order through DistributedGradientTape")
+        c.close(second.numpy(), 6 * xv * scale,
+                f"{mode}: second order through DistributedGradientTape")
+
+
+def check_eager_tape_over_tf_function(c: Checker, rank: int, size: int) -> None:
+    """A tf.function forward with 16 independent allreduces of uneven sizes, differentiated
+    by an eager tape outside it: TensorFlow builds that backward function without automatic
+    control dependencies, and its collectives once ran in a different order on each rank
+    (a hang). loss = sum_i sum(cos(o_i) * o_i), o_i = allreduce(sin(x_i)) summed."""
+    sizes = [10, 1_000_000, 100_000, 10, 1_000_000, 100_000, 10, 1_000_000] * 2
+    every = [[data(r, f"fwd.{i}", (n,), "float64") for r in range(size)]
+             for i, n in enumerate(sizes)]
+    xs = [tf.Variable(x[rank]) for x in every]
+
+    @tf.function
+    def forward():
+        outs = [hvd.allreduce(tf.sin(x), op=hvd.Sum) for x in xs]
+        return tf.add_n([tf.reduce_sum(tf.cos(o) * o) for o in outs])
+    for step in range(2):
+        with tf.GradientTape() as tape:
+            loss = forward()
+        grads = tape.gradient(loss, xs)
+        for i, (grad, x) in enumerate(zip(grads, every)):
+            o = np.sum(np.sin(x), 0)
+            want = size * (np.cos(o) - o * np.sin(o)) * np.cos(x[rank])
+            c.close(grad.numpy(), want, f"step {step}: gradient {i} through an eager tape "
+                    "over tf.function")
+
+
 # -- errors, sparse, compression, variables, objects ---------------------------------------
 def check_mismatch(c: Checker, rank: int, size: int) -> None:
     if size == 1:
@@ -340,6 +402,8 @@ def main() -> None:
     c.rank = rank
     check_collectives(c, rank, size)
     check_gradients(c, rank, size)
+    check_eager_tape_over_tf_function(c, rank, size)
+    check_second_order(c, rank, size)
     check_mismatch(c, rank, size)
     check_sparse_and_compression(c, rank, size)
     check_variables_and_objects(c, rank, size)
