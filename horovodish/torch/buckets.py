@@ -22,9 +22,9 @@ class GradientBuckets:
     def __init__(self, cap_bytes: float, groups: Sequence[Sequence[torch.Tensor]] | None = None
                  ) -> None:
         self._cap = cap_bytes
+        self._learns = groups is None and cap_bytes > 0
         # Parameters in hook order while learning (first step), else None.
-        self._order: list[torch.Tensor] | None = [] if groups is None and cap_bytes > 0 \
-            else None
+        self._order: list[torch.Tensor] | None = [] if self._learns else None
         self._buckets: list[list[torch.Tensor]] = []
         self._bucket_of: dict[torch.Tensor, int] = {}
         self._held: dict[int, list[torch.Tensor]] = {}
@@ -62,6 +62,13 @@ class GradientBuckets:
         self._held.clear()
         if self._order is not None:
             self._order.clear()
+
+    def relearn(self) -> None:
+        """Back to the first step's per-gradient submissions, recording the order anew."""
+        if self._learns:
+            self._order = []
+            self._set([])
+            self._held.clear()
 
     def forget_order(self) -> None:
         """Keep learning: record the order afresh on the next step."""

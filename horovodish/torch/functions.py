@@ -123,6 +123,12 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     groups = [dict(root_group, params=local_group["params"])
               for root_group, local_group in zip(layout["param_groups"], local_groups)]
     load_state_in_place(optimizer, {"state": state, "param_groups": groups})
+    # Collective, so every rank restarts alike: a worker that joins an elastic job (or
+    # rebuilds its optimizer) starts its DistributedOptimizer's first-step agreement,
+    # which the others would otherwise never make again.
+    restart = getattr(optimizer, "_hvd_restart_agreement", None)
+    if restart is not None:
+        restart()
 
 
 def load_state_in_place(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any],

@@ -141,6 +141,8 @@ class _DistributedOptimizer:
             raise
         self._hvd_next_step()
         self._hvd_buckets.end_step()
+        if order is not None:  # settled, in a step that went through on this rank
+            self._hvd_agreed = True
         if self._hvd_buckets.learning:
             if order is None:  # not every rank took part: learn on a later step
                 self._hvd_buckets.forget_order()
@@ -311,12 +313,14 @@ class _DistributedOptimizer:
         and on one gradient order to bucket by (so that every rank fuses alike).
 
         One Sum allreduce of integer counts, not an allgather: a rank that has joined
-        takes part with zeros. Then the counts show that not every rank took part, and
-        nothing is settled (nor learned) until a step where all do, since a joined rank
-        learns nothing and every rank must bucket alike. The order is by the ranks'
-        summed positions (ties by parameter), the same on every rank.
+        takes part with zeros. Entries go by parameter name (ranks may list parameters in
+        different orders). The sparse gradients the ranks that took part report apply at
+        once; the order waits for a step every rank takes part in (the counts show it),
+        since a joined rank learns nothing and every rank must bucket alike. The order
+        is by the ranks' summed positions (ties by name), the same on every rank.
         Returns the order to bucket by, or None while not settled."""
-        params = self._hvd_params
+        names = self._hvd_names
+        params = sorted(self._hvd_params, key=names.__getitem__)
         count = len(params)
         position = {p: i + 1 for i, p in enumerate(self._hvd_buckets.recorded(unseen))}
         mine = torch.zeros(1 + 3 * count, dtype=torch.int64)
@@ -327,22 +331,27 @@ class _DistributedOptimizer:
                 mine[1 + count + i] = 1
                 mine[1 + 2 * count + i] = self._hvd_sparse[param] + 1
         if self._hvd_process_set.size() > 1:
-            name = f"DistributedOptimizer.agree.{count}.{self._hvd_names[params[0]]}" \
-                if params else "DistributedOptimizer.agree.0"
+            name = f"DistributedOptimizer.agree.{count}.{names[params[0]]}" if params \
+                else "DistributedOptimizer.agree.0"
             total = mpi_ops.allreduce(mine, name=name, op=ReduceOp.SUM,
                                       process_set=self._hvd_process_set)
         else:
             total = mine
-        if int(total[0]) < self._hvd_process_set.size():
-            return None
         sums = total[1:1 + count].tolist()
         had_sparse = total[1 + count:1 + 2 * count].tolist()
         dims = total[1 + 2 * count:].tolist()
-        self._hvd_sparse = {p: dims[i] // had_sparse[i] - 1
-                            for i, p in enumerate(params) if had_sparse[i]}
-        self._hvd_agreed = True
-        ranked = sorted(range(count), key=lambda i: (sums[i], i))
+        self._hvd_sparse.update({p: dims[i] // had_sparse[i] - 1
+                                 for i, p in enumerate(params) if had_sparse[i]})
+        if int(total[0]) < self._hvd_process_set.size():
+            return None
+        ranked = sorted(range(count), key=lambda i: (sums[i], names[params[i]]))
         return [params[i] for i in ranked if params[i] not in self._hvd_sparse]
+
+    def _hvd_restart_agreement(self) -> None:
+        """Agree (and learn buckets) afresh from the next step, as a worker that joins an
+        elastic job does: called on every rank by broadcast_optimizer_state."""
+        self._hvd_agreed = False
+        self._hvd_buckets.relearn()
 
     def _hvd_counters(self) -> tuple[int, int, int]:
         runtime = self._hvd_process_set.runtime

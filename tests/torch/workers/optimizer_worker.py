@@ -242,35 +242,74 @@ def test_sparse_on_some_ranks_in_the_first_step() -> None:
         close(model, want, 1e-5, f"sparse gradient on rank 0 alone in step 1, cap {cap}")
 
 
+def sgd_pair(cap: float, reverse: bool = False) -> tuple[nn.Module, Any, nn.Module, Any]:
+    """A model with a DistributedOptimizer (plain SGD; parameters listed in reverse when
+    asked) and a reference model with plain torch's."""
+    model, want = make_model(), make_model()
+    named = list(model.named_parameters())
+    named = named[::-1] if reverse else named
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.1),
+                                   named_parameters=named, bucket_cap_mb=cap)
+    return model, opt, want, torch.optim.SGD(want.parameters(), lr=0.1)
+
+
+def lockstep(index: int, model: nn.Module, opt: Any, want: nn.Module, want_opt: Any,
+             ranks: range | None = None) -> None:
+    """One step of batch(index) on the ranks in ``ranks`` (default all; the others
+    contribute zeros, having joined), and the reference's step on their shards."""
+    size = hvd.size()
+    ranks = range(size) if ranks is None else ranks
+    x, y = batch(index)
+    want_opt.zero_grad()
+    (sum(F.mse_loss(want(shard(x, r)), shard(y, r)) for r in ranks) / size).backward()
+    want_opt.step()
+    if hvd.rank() in ranks:
+        opt.zero_grad()
+        F.mse_loss(model(shard(x)), shard(y)).backward()
+        opt.step()
+
+
+def test_parameter_order_differs_between_ranks() -> None:
+    """named_parameters matches parameters by name, so ranks may list them in different
+    orders; the first-step agreement goes by name too (it went by position: a stall)."""
+    model, opt, want, want_opt = sgd_pair(25.0, reverse=hvd.rank() % 2 == 1)
+    for index in range(3):
+        lockstep(index, model, opt, want, want_opt)
+    close(model, want, 1e-5, "parameters listed in another order on odd ranks")
+
+
+def test_rebuilt_optimizer_on_one_rank() -> None:
+    """A rank that rebuilds its model and optimizer mid-training (a worker joining an
+    elastic job) agrees afresh with the others once broadcast_optimizer_state has run on
+    every rank (the others never made the agreement again: a stall)."""
+    for cap in (25.0, 0.0):
+        model, opt, want, want_opt = sgd_pair(cap)
+        for index in range(3):
+            lockstep(index, model, opt, want, want_opt)
+        if hvd.rank() == hvd.size() - 1:
+            model, opt, _, _ = sgd_pair(cap)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        for index in range(3, 6):
+            lockstep(index, model, opt, want, want_opt)
+        close(model, want, 1e-5, f"one rank rebuilt its optimizer, cap {cap}")
+
+
 def test_join_before_the_first_step() -> None:
     """Rank 0 has no batches in the first epoch and joins at once: the others train with
     its zeros (Average still divides by size), then every rank trains; buckets are
     learned at the first step all ranks make (the order exchange once failed: an
     allgather while a rank had joined)."""
-    rank, size = hvd.rank(), hvd.size()
+    size = hvd.size()
     for cap in (25.0, 0.0):
-        model, want = make_model(), make_model()
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                       named_parameters=model.named_parameters(),
-                                       bucket_cap_mb=cap)
-        want_opt = torch.optim.SGD(want.parameters(), lr=0.1)
-
-        def step(index: int, ranks: range) -> None:
-            x, y = batch(index)
-            want_opt.zero_grad()
-            (sum(F.mse_loss(want(shard(x, r)), shard(y, r)) for r in ranks) / size).backward()
-            want_opt.step()
-            if rank in ranks:
-                opt.zero_grad()
-                F.mse_loss(model(shard(x)), shard(y)).backward()
-                opt.step()
+        model, opt, want, want_opt = sgd_pair(cap)
         for index in range(3):
-            step(index, range(1, size))
+            lockstep(index, model, opt, want, want_opt, range(1, size))
         last = hvd.join()
         check(0 < last < size, f"join() returned {last}; rank 0 joined first")
         hvd.broadcast_parameters(model.state_dict(), root_rank=1)  # rank 0 missed updates
         for index in range(3, 6):
-            step(index, range(size))
+            lockstep(index, model, opt, want, want_opt, range(size))
         close(model, want, 1e-5, f"joined before the first step, cap {cap}")
         stats = opt.negotiation_stats()
         if cap:
@@ -579,7 +618,8 @@ def main() -> None:
     started = time.perf_counter()
     for test in [test_equivalence, test_gradient_identity, test_branch_on_one_rank,
                  test_sparse, test_sparse_on_some_ranks_in_the_first_step,
-                 test_join_before_the_first_step, test_muon,
+                 test_join_before_the_first_step, test_parameter_order_differs_between_ranks,
+                 test_rebuilt_optimizer_on_one_rank, test_muon,
                  test_errors, test_broadcast_optimizer_state,
                  test_scheduler_built_before_wrapping, test_learned_order,
                  test_learned_order_follows_use,
