@@ -32,5 +32,6 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     assert "through horovodish.torch" in result.stdout
     assert png.stat().st_size > 1000
     idle = figures["idle"]
-    assert idle["rounds"] == 3 and 0 < idle["runtime_thread_cpu_percent"] < 100
+    share = idle["runtime_thread_cpu_percent"]
+    assert idle["rounds"] == 3 and (share != share or 0 < share < 100)  # nan: no schedstat
     assert idle["noise_floor_percent"] >= 0 and "noise floor" in result.stdout
