@@ -18,7 +18,8 @@ setup(
         "tensorflow": TENSORFLOW,
         "cupy": ["cupy-cuda12x"],
         "mpich": MPICH,
-        # Everything a CPU-only test machine needs; torch pinned to the CPU build.
+        # Everything a CPU-only test machine needs; torch pinned by version (for the CPU
+        # build, an index or wheel that serves it: see docs/install.md).
         "dev": ["torch==2.13.0", *TENSORFLOW, *MPICH, "pytest>=7", "pytest-timeout",
                 "scikit-learn", "matplotlib"],
     },

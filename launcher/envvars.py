@@ -26,7 +26,9 @@ def config_env(args: argparse.Namespace) -> dict[str, str]:
     if args.cache_capacity is not None:
         env["HOROVODISH_CACHE_CAPACITY"] = str(args.cache_capacity)
     if args.timeline_filename is not None:
-        env["HOROVODISH_TIMELINE"] = os.path.abspath(args.timeline_filename)
+        # DYNAMIC is a mode (record between start_timeline and stop_timeline), not a file.
+        env["HOROVODISH_TIMELINE"] = args.timeline_filename if \
+            args.timeline_filename == "DYNAMIC" else os.path.abspath(args.timeline_filename)
     if args.timeline_mark_cycles:
         env["HOROVODISH_TIMELINE_MARK_CYCLES"] = "1"
     if args.stall_check_warning_time_seconds is not None:

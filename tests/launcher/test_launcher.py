@@ -78,6 +78,9 @@ def test_paths_become_absolute(tmp_path, monkeypatch):
                                  "--autotune-log-file", "sub/at.csv", "prog"]))
     assert env == {"HOROVODISH_TIMELINE": str(tmp_path / "tl.json"),
                    "HOROVODISH_AUTOTUNE_LOG": str(tmp_path / "sub" / "at.csv")}
+    # DYNAMIC is the timeline's mode, not a file in the working directory.
+    env = config_env(parse_args(["-np", "1", "--timeline-filename", "DYNAMIC", "prog"]))
+    assert env == {"HOROVODISH_TIMELINE": "DYNAMIC"}
 
 
 def test_command_is_everything_after_the_flags():
