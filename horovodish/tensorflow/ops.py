@@ -4,11 +4,11 @@ Eager tensors go straight to the core, with no op built (the cheapest path). Ins
 tf.function each call becomes one stateful ``tf.numpy_function`` whose body submits to the
 core and waits, blocking a TensorFlow thread meanwhile. So every rank must reach its
 collectives in the same order: each op gets a control dependency on the collective built
-before it in the same graph. tf.function's automatic control dependencies already do that
-for the graphs it traces, but not for the backward function TensorFlow builds when an
-eager tape differentiates a tf.function: there the gradients' collectives ran in whatever
-order each rank's executor picked, each rank blocked on one the others had not reached,
-and the job hung. No gradients here (see mpi_ops.py).
+before it in the same graph. (The backward function TensorFlow builds when an eager tape
+differentiates a tf.function has no automatic control dependencies: there the gradients'
+collectives ran in whatever order each rank's executor picked, each rank blocked on one
+the others had not reached, and the job hung.) The chain is per graph: calls of inner
+tf.functions are not ordered by it (docs/tensorflow.md). No gradients here (see mpi_ops.py).
 """
 from __future__ import annotations
 

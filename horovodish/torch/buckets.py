@@ -60,8 +60,7 @@ class GradientBuckets:
     def abandon_step(self) -> None:
         """A step that failed: forget what is held, and a first step's partial order."""
         self._held.clear()
-        if self._order is not None:
-            self._order.clear()
+        self.forget_order()
 
     def relearn(self) -> None:
         """Back to the first step's per-gradient submissions, recording the order anew."""

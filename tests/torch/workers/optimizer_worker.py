@@ -184,13 +184,17 @@ def test_branch_on_one_rank() -> None:
 
 
 class Embedder(nn.Module):
+    """An embedding (sparse gradients, or dense for the reference), skipped when asked."""
+
     def __init__(self, sparse: bool) -> None:
         super().__init__()
         torch.manual_seed(2)
         self.embedding = nn.Embedding(30, 4, sparse=sparse)
         self.head = nn.Linear(4, 4)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, use_embedding: bool = True) -> torch.Tensor:
+        if not use_embedding:
+            return self.head(x[:, :4])
         ids = (x.abs() * 10).long().clamp(max=29)[:, :3]
         return self.head(self.embedding(ids).mean(1))
 
@@ -208,21 +212,6 @@ def test_sparse() -> None:
           "Adam on sparse_as_dense gradients")
 
 
-class SparseBranch(nn.Module):
-    """An embedding (sparse gradients, or dense for the reference) on one branch."""
-
-    def __init__(self, sparse: bool) -> None:
-        super().__init__()
-        torch.manual_seed(3)
-        self.embedding = nn.Embedding(30, 4, sparse=sparse)
-        self.head = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor, use_embedding: bool) -> torch.Tensor:
-        if use_embedding:
-            return self.head(self.embedding((x.abs() * 10).long().clamp(max=29)[:, :3]).mean(1))
-        return self.head(x[:, :4])
-
-
 def test_sparse_on_some_ranks_in_the_first_step() -> None:
     """Step 1: only rank 0 has the sparse gradient. The others must send an empty sparse
     one under the same names, not dense zeros under another (that stalled)."""
@@ -234,10 +223,10 @@ def test_sparse_on_some_ranks_in_the_first_step() -> None:
             return F.mse_loss(m(x, use_embedding=r == 0 or calls[r] > 1), y)
         return loss_fn
     plain = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
-    want = reference(plain, steps=4, model=SparseBranch(sparse=False),
+    want = reference(plain, steps=4, model=Embedder(sparse=False),
                      loss_fn=first_step_on_rank_0())
     for cap in (25.0, 0.0):
-        model, _ = train(plain, steps=4, model=SparseBranch(sparse=True),
+        model, _ = train(plain, steps=4, model=Embedder(sparse=True),
                          loss_fn=first_step_on_rank_0(), bucket_cap_mb=cap)
         close(model, want, 1e-5, f"sparse gradient on rank 0 alone in step 1, cap {cap}")
 
