@@ -95,14 +95,18 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     """
     state_dict = optimizer.state_dict()
     is_root = basics.rank() == root_rank
-    layout = _layout(state_dict) if is_root else None
+    layout = _layout(state_dict, _param_shapes(optimizer)) if is_root else None
     layout = objects.broadcast_object(layout, root_rank, "broadcast_optimizer_state.layout",
                                       process_set)
+    # Every rank learns of any rank's difference, so all raise (root's state would
+    # otherwise land on parameters of other shapes, and fail later on one rank alone).
+    difference = _difference(layout["param_shapes"], _param_shapes(optimizer), root_rank)
+    differences = [d for d in objects.allgather_object(
+        difference, "broadcast_optimizer_state.check", process_set) if d]
+    if differences:
+        raise ValueError(f"broadcast_optimizer_state: {differences[0]}; every rank must "
+                         "build the same optimizer over the same parameters.")
     local_groups = state_dict["param_groups"]
-    if len(local_groups) != len(layout["param_groups"]):
-        raise ValueError(f"broadcast_optimizer_state: rank {root_rank} has "
-                         f"{len(layout['param_groups'])} param groups, this rank "
-                         f"{len(local_groups)}; every rank must build the same optimizer.")
     state: dict[Any, dict[str, Any]] = {}
     tensors: list[torch.Tensor] = []
     for key, entries in layout["state"].items():
@@ -154,11 +158,34 @@ def load_state_in_place(optimizer: torch.optim.Optimizer, state_dict: dict[str, 
         optimizer.state = state
 
 
-def _layout(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """What a receiving rank needs to rebuild root's state: tensors as (shape, dtype)."""
+def _param_shapes(optimizer: torch.optim.Optimizer) -> list[list[tuple[int, ...]]]:
+    return [[tuple(p.shape) for p in group["params"]] for group in optimizer.param_groups]
+
+
+def _difference(root: list[list[tuple[int, ...]]], mine: list[list[tuple[int, ...]]],
+                root_rank: int) -> str | None:
+    """How this rank's parameters differ from root's (group count, sizes, shapes)."""
+    me = basics.rank()
+    if len(root) != len(mine):
+        return f"rank {root_rank} has {len(root)} param groups, rank {me} {len(mine)}"
+    for index, (theirs, ours) in enumerate(zip(root, mine)):
+        if len(theirs) != len(ours):
+            return (f"param group {index} has {len(theirs)} parameters on rank {root_rank}, "
+                    f"{len(ours)} on rank {me}")
+        for position, (a, b) in enumerate(zip(theirs, ours)):
+            if a != b:
+                return (f"parameter {position} of param group {index} has shape {list(a)} "
+                        f"on rank {root_rank}, {list(b)} on rank {me}")
+    return None
+
+
+def _layout(state_dict: dict[str, Any],
+            param_shapes: list[list[tuple[int, ...]]]) -> dict[str, Any]:
+    """What a receiving rank needs to rebuild root's state: tensors as (shape, dtype),
+    and the parameters' shapes to check its own against."""
     state = {key: {field: (True, (value.shape, value.dtype)) if isinstance(value, torch.Tensor)
                    else (False, value) for field, value in entries.items()}
              for key, entries in state_dict["state"].items()}
     groups = [{k: v for k, v in group.items() if k != "params"}
               for group in state_dict["param_groups"]]
-    return {"state": state, "param_groups": groups}
+    return {"state": state, "param_groups": groups, "param_shapes": param_shapes}

@@ -62,6 +62,7 @@ from .buckets import GradientBuckets
 from .compression import Compression
 from .functions import load_state_in_place
 from .sparse import sparse_allreduce_async
+from .tracked import check_tracked
 
 _STATS_KEPT = 1000
 
@@ -127,6 +128,7 @@ class _DistributedOptimizer:
             return
         leftovers = [p for p in self._hvd_params if p not in self._hvd_submitted]
         try:
+            check_tracked(self, self._hvd_delay, self._hvd_names)
             # Before the zeros for gradients this rank lacks: whether to send them
             # sparse depends on what the other ranks had.
             order = self._hvd_agree(leftovers) if not self._hvd_agreed else None

@@ -59,7 +59,9 @@ class _SyncBatchNorm(torch.autograd.Function):
             out = out * weight.view(shape)
         if bias is not None:
             out = out + bias.view(shape)
-        return out
+        # The input's dtype, as torch's BatchNorm returns under autocast (float32
+        # weights would otherwise promote a bfloat16 activation).
+        return out.to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:

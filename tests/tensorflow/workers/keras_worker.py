@@ -172,6 +172,11 @@ def check_fit(c: Checker, rank: int, size: int, tmp: Path) -> None:
     c.raises(lambda: hvd.broadcast_global_variables(0), ValueError, "model=",
              "broadcast_global_variables without a model")
 
+    c.raises(lambda: hvd.DistributedOptimizer("adam"), TypeError,
+             "not 'adam'; pass e.g. keras.optimizers.Adam", "DistributedOptimizer of a name")
+    c.raises(lambda: hvd.DistributedOptimizer(keras.optimizers.Adam), TypeError,
+             "not the class Adam", "DistributedOptimizer of a class")
+
     xla = make_model()
     xla.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), LOSS, jit_compile=True)
     c.raises(lambda: xla.fit(x[:4], y[:4], verbose=0), ValueError, "jit_compile=False",

@@ -41,6 +41,19 @@ def main() -> None:
             return
         raise AssertionError("Adasum optimizer on a non-power-of-two world must raise")
     optimizer = hvd.DistributedOptimizer(optimizer, model.named_parameters(), op=hvd.Adasum)
+    # GradScaler's documented pattern with an overflow on the last rank only: every rank
+    # skips the step and halves its scale (a rank skipping alone stalled the job).
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    loss = loss_of(model, rank) * (float("inf") if rank == size - 1 else 1.0)
+    scaler.scale(loss).backward()
+    optimizer.synchronize()
+    scaler.unscale_(optimizer)
+    with optimizer.skip_synchronize():
+        scaler.step(optimizer)
+    scaler.update()
+    assert scaler.get_scale() == 512.0, f"rank {rank}: scale {scaler.get_scale()}, not skipped"
+    for got, want in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(got, want), f"rank {rank}: stepped despite another rank's overflow"
     for _ in range(5):
         optimizer.zero_grad()
         loss_of(model, rank).backward()

@@ -72,6 +72,18 @@ def test_sync_batch_norm(rank: int, size: int) -> None:
         ref.eval()
         x = data(rank, f"sbn.{label}.eval", (2, *shape))
         near(sync(x), ref(x), f"{label}: eval output")
+    # Under autocast the output keeps the activation's dtype, as torch's BatchNorm's does.
+    sync, ref = hvd.SyncBatchNorm(3), nn.BatchNorm2d(3)
+    inputs = [data(r, "sbn.autocast", (rows[r], 3, 2, 2)) for r in range(size)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        conv = nn.Conv2d(3, 3, 1)
+        with torch.no_grad():
+            conv.weight.copy_(torch.eye(3).view(3, 3, 1, 1))
+            conv.bias.zero_()
+        got, want = sync(conv(inputs[rank])), ref(conv(torch.cat(inputs)))
+    check(got.dtype == want.dtype == torch.bfloat16, f"autocast: dtype {got.dtype}, torch's "
+          f"{want.dtype}")
+    near(got.float(), want.float()[mine], "autocast: output", 2e-2)
     # A rank without rows still takes part (3 ranks and more).
     if size >= 3:
         sync, ref = hvd.SyncBatchNorm(2), nn.BatchNorm1d(2)

@@ -368,6 +368,28 @@ def test_errors() -> None:
           "step() after synchronize() did not warn")
 
 
+def test_untracked_parameters() -> None:
+    """A parameter frozen when the optimizer was wrapped and unfrozen later, or added with
+    add_param_group: its gradient would not be reduced, so step() refuses, on every rank,
+    naming it (the replicas drifted apart silently)."""
+    model = make_model()
+    model[0].weight.requires_grad_(False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model[0].weight.requires_grad_(True)
+    x, y = (shard(t) for t in batch(0))
+    F.mse_loss(model(x), y).backward()
+    expect(ValueError, opt.step, "parameter '0.weight'", "not reduced across ranks")
+    opt.zero_grad()
+    extra = nn.Linear(4, 4)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    opt.add_param_group({"params": extra.parameters()})
+    F.mse_loss(extra(model(x)), y).backward()
+    expect(ValueError, opt.step, "param_groups[1]['params'][0]", "add_param_group")
+    opt.zero_grad()
+
+
 def test_broadcast_optimizer_state() -> None:
     rank, size = hvd.rank(), hvd.size()
 
@@ -413,6 +435,18 @@ def test_broadcast_optimizer_state() -> None:
     for key, entries in want["state"].items():
         for field, value in entries.items():
             check(torch.equal(got["state"][key][field], value), f"empty rank: {field} not root's")
+    # Optimizers over parameters of other shapes: every rank raises, naming both shapes
+    # (root's state would land on the wrong parameters, and fail later on one rank alone).
+    layers = make_model()
+    last = size - 1
+    built = torch.optim.Adam((layers[2] if rank == last else layers[0]).parameters())
+    expect(ValueError, lambda: hvd.broadcast_optimizer_state(built, root_rank=0),
+           "broadcast_optimizer_state", "shape [16, 8] on rank 0", f"[4, 16] on rank {last}")
+    groups = [{"params": [p]} for p in layers.parameters()]
+    built = torch.optim.SGD(groups[:2] if rank == last else groups, lr=0.1)
+    expect(ValueError, lambda: hvd.broadcast_optimizer_state(built, root_rank=0),
+           "4 param groups", f"rank {last} 2")
+    hvd.broadcast_optimizer_state(torch.optim.SGD(layers.parameters(), lr=0.1), root_rank=0)
 
 
 def test_scheduler_built_before_wrapping() -> None:
@@ -609,7 +643,7 @@ def main() -> None:
                  test_sparse, test_sparse_on_some_ranks_in_the_first_step,
                  test_join_before_the_first_step, test_parameter_order_differs_between_ranks,
                  test_rebuilt_optimizer_on_one_rank, test_muon,
-                 test_errors, test_broadcast_optimizer_state,
+                 test_errors, test_untracked_parameters, test_broadcast_optimizer_state,
                  test_scheduler_built_before_wrapping, test_learned_order,
                  test_learned_order_follows_use,
                  test_overlap_with_backward]:
