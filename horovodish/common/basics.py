@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from . import interrupts
+from . import exit_hook, interrupts
 from .config import Config
 from .errors import not_initialized_error
 
@@ -36,6 +36,8 @@ class _State:
 _state: _State | None = None
 _lock = threading.Lock()
 _atexit_registered = False
+_initialized_once = False  # init() succeeded at some point (see exit_hook)
+exit_hook.install(lambda: _initialized_once)
 
 
 def build_runtime(comm: Any, config: Config, record_timeline: bool = False) -> Any:
@@ -108,7 +110,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     ``process_sets`` is a list of ProcessSet to create now, or "dynamic" to allow
     add_process_set()/remove_process_set() later.
     """
-    global _state, _atexit_registered
+    global _state, _atexit_registered, _initialized_once
     with _lock:
         if _state is not None and not _state.runtime.stopped:
             return
@@ -143,6 +145,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         dynamic = process_sets == "dynamic" or config.dynamic_process_sets
         _state = _State(config, world, world.Dup(), local, cross, runtime, rank, size, dynamic,
                         homogeneous=homogeneous)
+        _initialized_once = True
         global_process_set.ranks = list(range(size))
         global_process_set.process_set_id = 0
         global_process_set.runtime, global_process_set.comm = runtime, world

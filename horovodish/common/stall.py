@@ -23,6 +23,12 @@ class StallInspector:
         self._first_seen: dict[str, float] = {}
         self._last_warning = 0.0
         self.last_report: str = ""
+        if 0 < shutdown_time < check_time:
+            # A stall is only known once it is check_time old (cached tensors reach the
+            # coordinator after half of it): say so rather than stretch it silently.
+            log.warning("the stall shutdown time (%g s) is shorter than the stall check "
+                        "time (%g s): a stalled job shuts down when the stall is first "
+                        "reported, after %g s", shutdown_time, check_time, check_time)
 
     def seen(self, name: str) -> None:
         self._first_seen.setdefault(name, self.clock())

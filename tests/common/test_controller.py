@@ -185,6 +185,21 @@ def test_stall_inspector_names_tensor_and_rank_then_shuts_down():
     assert all(r.shutdown and r.stalled for r in results)
 
 
+def test_stall_shutdown_shorter_than_check_time_is_reported(caplog):
+    """Horovod warns and never shuts down; here the job shuts down at the first report,
+    and says so at start rather than stretching the shutdown time silently."""
+    now = [0.0]
+    with caplog.at_level("WARNING", logger="horovodish"):
+        world = FakeWorld(2, stall_check=10.0, stall_shutdown=3.0, clock=lambda: now[0])
+    assert "stall shutdown time (3 s) is shorter than the stall check time (10 s)" \
+        in caplog.text
+    world.cycle({0: [ar("lonely_tensor")]})
+    now[0] = 5.0
+    assert not any(r.shutdown for r in world.cycle())
+    now[0] = 10.5
+    assert all(r.shutdown and r.stalled for r in world.cycle())
+
+
 def test_stall_inspector_sees_cached_tensors():
     now = [0.0]
     world = FakeWorld(2, stall_check=2.0, clock=lambda: now[0])

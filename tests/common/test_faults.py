@@ -22,6 +22,17 @@ def test_a_rank_that_dies_ends_the_job(mode):
         assert "because rank 1 shut down" in result.stdout, result.stdout
 
 
+def test_a_rank_that_fails_before_init_ends_the_job():
+    """MPI starts at import: the failed rank used to wait in MPI_Finalize for the others,
+    which waited for it in init(), for good."""
+    start = time.monotonic()
+    result = run_ranks(WORKER, 2, args=["raise_before_init"], timeout=90)
+    assert time.monotonic() - start < 30, result.stdout
+    assert result.returncode != 0, result.stdout
+    assert "deliberate failure before init on rank 1" in result.stdout, result.stdout
+    assert "rank 1 failed before horovodish.init() completed" in result.stdout
+
+
 def test_stall_inspector_names_tensor_and_rank_then_ends_the_job():
     start = time.monotonic()
     result = run_ranks(WORKER, 2, args=["stall"], timeout=90, env={

@@ -1,6 +1,7 @@
 """A short training-like loop on the core API in which one rank misbehaves on purpose.
 
-Modes: kill (SIGKILL itself), raise (an exception), stall (never submits 'lonely_tensor'),
+Modes: kill (SIGKILL itself), raise (an exception), raise_before_init (rank 1 raises
+before init() while the others wait in it), stall (never submits 'lonely_tensor'),
 internal (rank 0's runtime fails inside a cycle, after the negotiation that sent rank 1
 into the data allreduce; rank 0's script then ends with the error) and internal_caught
 (the same, but rank 0 catches the error and keeps running).
@@ -13,6 +14,7 @@ import sys
 import time
 
 import numpy as np
+from mpi4py import MPI
 
 from horovodish.common import basics, collectives
 from horovodish.common.messages import ReduceOp
@@ -24,6 +26,8 @@ def allreduce(value: float, name: str) -> np.ndarray:
 
 
 def main(mode: str) -> None:
+    if mode == "raise_before_init" and MPI.COMM_WORLD.Get_rank() == 1:
+        raise FileNotFoundError("deliberate failure before init on rank 1")
     basics.init()
     rank, size = basics.rank(), basics.size()
     if mode == "stall":

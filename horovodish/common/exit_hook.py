@@ -1,0 +1,44 @@
+"""A rank that fails before ``init()`` must end the job, not hang it.
+
+mpi4py starts MPI when it is imported (as any horovodish adapter does), and finalizes it
+at exit. A rank whose script raises before ``init()`` (a missing file, a bad setting)
+then waits in ``MPI_Finalize`` for the other ranks, which wait for it inside ``init()``:
+the job hangs for good (under Horovod, whose import starts no MPI, mpirun ends it). So an
+uncaught exception in a multi-rank job that never initialized horovodish (or whose
+``init()`` failed) aborts the job once the traceback is printed. After a successful
+``init()`` the runtime's own shutdown tells the other ranks instead (they raise
+``HorovodInternalError`` naming this rank), so the hook stays out of the way.
+"""
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+from typing import Callable
+
+_installed = False
+
+
+def install(initialized: Callable[[], bool]) -> None:
+    """Chain onto ``sys.excepthook`` (once); ``initialized``: whether init() succeeded."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException,
+             traceback: TracebackType | None) -> None:
+        previous(kind, value, traceback)
+        if initialized() or issubclass(kind, KeyboardInterrupt):
+            return
+        MPI = sys.modules.get("mpi4py.MPI")
+        if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+            return
+        world = MPI.COMM_WORLD
+        if world.Get_size() > 1:
+            sys.stderr.write(f"horovodish: rank {world.Get_rank()} failed before "
+                             "horovodish.init() completed; aborting the job so that the "
+                             "other ranks do not wait for it.\n")
+            sys.stderr.flush()
+            world.Abort(1)
+    sys.excepthook = hook
