@@ -95,12 +95,13 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     """
     state_dict = optimizer.state_dict()
     is_root = basics.rank() == root_rank
-    layout = _layout(state_dict, _param_shapes(optimizer)) if is_root else None
+    shapes = _param_shapes(optimizer)
+    layout = _layout(state_dict, shapes) if is_root else None
     layout = objects.broadcast_object(layout, root_rank, "broadcast_optimizer_state.layout",
                                       process_set)
     # Every rank learns of any rank's difference, so all raise (root's state would
     # otherwise land on parameters of other shapes, and fail later on one rank alone).
-    difference = _difference(layout["param_shapes"], _param_shapes(optimizer), root_rank)
+    difference = _difference(layout["param_shapes"], shapes, root_rank)
     differences = [d for d in objects.allgather_object(
         difference, "broadcast_optimizer_state.check", process_set) if d]
     if differences:

@@ -8,12 +8,12 @@ such gradients and refuses them.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Container
 
 import torch
 
 
-def check_tracked(optimizer: torch.optim.Optimizer, tracked: Iterable[torch.Tensor] | dict,
+def check_tracked(optimizer: torch.optim.Optimizer, tracked: Container[torch.Tensor],
                   names: dict[torch.Tensor, str]) -> None:
     """ValueError naming the first parameter with a gradient that is not tracked."""
     for index, group in enumerate(optimizer.param_groups):

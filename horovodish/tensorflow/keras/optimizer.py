@@ -164,7 +164,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     ``register_local_var(variable)`` keeps a variable's gradient local (see
     PartialDistributedOptimizer; ``scale_local_gradients`` applies to those).
     """
-    _require_optimizer(optimizer, "DistributedOptimizer")
+    _require_optimizer(optimizer)
     reduction = GradientReduction(op, compression, sparse_as_dense, gradient_predivide_factor,
                                   groups if groups is not None else num_groups or None,
                                   process_set, "DistributedOptimizer", scale_local_gradients)
@@ -180,14 +180,14 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     return configure(wrapped, reduction, backward_passes_per_step, average_aggregated_gradients)
 
 
-def _require_optimizer(optimizer: Any, what: str) -> None:
+def _require_optimizer(optimizer: Any) -> None:
     """A clear error for a name or a class where an optimizer instance belongs."""
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         given = repr(optimizer) if isinstance(optimizer, str) else \
             f"the class {optimizer.__name__}" if isinstance(optimizer, type) else \
             f"a {type(optimizer).__name__}"
-        raise TypeError(f"{what} wraps a keras.optimizers.Optimizer instance, not {given}; "
-                        "pass e.g. keras.optimizers.Adam(...) or "
+        raise TypeError("DistributedOptimizer wraps a keras.optimizers.Optimizer instance, "
+                        f"not {given}; pass e.g. keras.optimizers.Adam(...) or "
                         "keras.optimizers.get('adam').")
 
 
