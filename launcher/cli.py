@@ -199,4 +199,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.hostfile_hosts = parse_hostfile(Path(args.hostfile).read_text())
         except (OSError, ValueError, UnicodeDecodeError) as exc:
             parser.error(f"argument --hostfile: {args.hostfile}: {exc}")
+    _check_slots(parser, args)
     return args
+
+
+def _check_slots(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """More ranks than the slots given: Hydra would start them anyway, several to a slot
+    (Open MPI and horovodrun refuse); refuse here too, for both. Hosts without a count
+    leave it to mpirun."""
+    hosts = args.hostfile_hosts if args.hostfile_hosts is not None else args.hosts
+    if not hosts or any(host.slots is None for host in hosts):
+        return
+    slots = sum(host.slots for host in hosts)
+    if args.num_proc > slots:
+        where = "--hostfile" if args.hostfile_hosts is not None else "-H/--hosts"
+        parser.error(f"-np {args.num_proc} needs {args.num_proc} slots but {where} gives "
+                     f"{slots} ({', '.join(f'{h.name}:{h.slots}' for h in hosts)}); raise "
+                     "the slot counts, or leave them out to let mpirun decide.")

@@ -40,8 +40,11 @@ _initialized_once = False  # init() succeeded at some point (see exit_hook)
 exit_hook.install(lambda: _initialized_once)
 
 
-def build_runtime(comm: Any, config: Config, record_timeline: bool = False) -> Any:
-    """A runtime thread with its own controller, coordinator, cache and backends on comm."""
+def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
+                  world_ranks: list[int] | None = None) -> Any:
+    """A runtime thread with its own controller, coordinator, cache and backends on comm.
+
+    world_ranks: for a process set, the world rank of each set rank (what messages say)."""
     from .backends.adasum import Adasum
     from .backends.mpi import MPIBackend
     from .backends.ring import RingBackend
@@ -59,11 +62,13 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False) -> A
                         ("autotune log", config.autotune_log if config.autotune else None)])
     stall = None
     if not config.stall_check_disable and size > 1:
-        stall = StallInspector(size, config.stall_check_time, config.stall_shutdown_time)
+        stall = StallInspector(size, config.stall_check_time, config.stall_shutdown_time,
+                               world_ranks=world_ranks)
     backends = [SharedMemoryBackend(comm, config.cpu_operations),
                 RingBackend(comm, config.ring_threshold, config.cpu_operations),
                 MPIBackend(comm)]
-    controller = Controller(MPITransport(comm), config.cache_capacity, stall)
+    controller = Controller(MPITransport(comm), config.cache_capacity, stall,
+                            world_ranks=world_ranks)
     executor = Executor(OperationManager(backends), rank, size, Adasum(comm))
     from mpi4py import MPI
     # A blocked caller runs cycles itself, so MPI is called from its thread too.
@@ -160,7 +165,11 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
 
 def register_process_set(process_set: Any) -> None:
-    """Create the set's communicator and, on members, its runtime (collective)."""
+    """Create the set's communicator and, on members, its runtime (collective).
+
+    The ranks first agree through the global runtime, so that different rank lists raise
+    on every rank and a rank that fails meanwhile fails this call (a bare MPI call on the
+    main thread would wait for it forever)."""
     state_ = state()
     from mpi4py import MPI
     if process_set.process_set_id is not None:
@@ -170,7 +179,8 @@ def register_process_set(process_set: Any) -> None:
         source = process_set._comm_source
         process_set.ranks = sorted(MPI.Group.Translate_ranks(
             source.Get_group(), list(range(source.Get_size())), manage.Get_group()))
-    ranks = process_set.ranks or []
+    ranks = list(process_set.ranks or [])
+    _agree("add_process_set", ranks, f"process_set.add.{state_.next_process_set_id}")
     if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < state_.size for r in ranks):
         raise ValueError(f"process set ranks {ranks} must be distinct ranks in 0..{state_.size - 1}")
     for existing in state_.process_sets.values():
@@ -181,21 +191,33 @@ def register_process_set(process_set: Any) -> None:
     state_.next_process_set_id += 1
     if sub != MPI.COMM_NULL:
         process_set.comm = sub
-        process_set.runtime = build_runtime(sub, state_.config)
+        process_set.runtime = build_runtime(sub, state_.config, world_ranks=ranks)
     state_.process_sets[process_set.process_set_id] = process_set
 
 
 def unregister_process_set(process_set: Any) -> bool:
     state_ = state()
-    if state_.process_sets.pop(process_set.process_set_id, None) is None:
+    if process_set.process_set_id not in state_.process_sets:
         return False
+    _agree("remove_process_set", process_set.ranks,
+           f"process_set.remove.{process_set.process_set_id}")
+    state_.process_sets.pop(process_set.process_set_id)
     if process_set.runtime is not None:
         process_set.runtime.shutdown()  # members agree through their own negotiation
         _free_if_finished(process_set.runtime, [process_set.comm])
-    state_.manage_comm.Barrier()
     process_set.runtime = process_set.comm = None
     process_set.process_set_id = None
     return True
+
+
+def _agree(call: str, ranks: list[int], name: str) -> None:
+    """Every rank passes the same rank list, or every rank raises naming each one's."""
+    from .objects import allgather_object
+    everyone = allgather_object(ranks, name=name)
+    if any(other != ranks for other in everyone):
+        lists = "; ".join(f"rank {rank}: {other}" for rank, other in enumerate(everyone))
+        raise ValueError(f"{call}: the ranks passed different rank lists ({lists}); every "
+                         "rank must pass the same list, in the same order of calls.")
 
 
 def shutdown() -> None:

@@ -19,7 +19,7 @@ import time
 from operator import attrgetter
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, Sequence
 
 import numpy as np
 
@@ -97,10 +97,13 @@ class CycleResult:
 class Controller:
     def __init__(self, transport: Transport, cache_capacity: int,
                  stall: StallInspector | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 world_ranks: Sequence[int] | None = None) -> None:
         self.transport = transport
         self.rank = transport.rank
         self.size = transport.size
+        # What messages call each rank: inside a process set, set rank i is world_ranks[i].
+        self.world_ranks = list(world_ranks) if world_ranks is not None else list(range(self.size))
         self.cache = ResponseCache(cache_capacity)
         self._words = (cache_capacity + 63) // 64
         self._rank_words = (self.size + 63) // 64
@@ -108,7 +111,8 @@ class Controller:
         # A cached request that waited this long goes to the coordinator so that the
         # stall inspector (which only sees the coordinator's table) can name it.
         self._stall_age = stall.check_time / 2 if stall is not None else float("inf")
-        self.coordinator = Coordinator(self.size, stall) if self.rank == 0 else None
+        self.coordinator = (Coordinator(self.size, stall, self.world_ranks) if self.rank == 0
+                            else None)
         # Requests not yet negotiated, and those handed to the coordinator (which owns
         # their readiness from then on), by name.
         self._waiting: dict[str, _Waiting] = {}

@@ -7,7 +7,7 @@ tensor, the op and exactly what differed.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from .messages import ReduceOp, Request, RequestType, Response
 from .stall import StallInspector
@@ -46,8 +46,11 @@ def _check_same(name: str, opname: str, what: str, values: dict[int, object]) ->
 
 
 class Coordinator:
-    def __init__(self, size: int, stall: StallInspector | None = None) -> None:
+    def __init__(self, size: int, stall: StallInspector | None = None,
+                 world_ranks: Sequence[int] | None = None) -> None:
         self.size = size
+        # Messages name world ranks: inside a process set, set rank i is world_ranks[i].
+        self.world_ranks = list(world_ranks) if world_ranks is not None else list(range(size))
         self.stall = stall
         self._table: dict[str, dict[int, Request]] = {}
         self._joined: set[int] = set()
@@ -115,7 +118,7 @@ class Coordinator:
         first = by_rank[min(by_rank)]
         opname = first.type.opname
         field: Callable[[Callable[[Request], object]], dict[int, object]] = (
-            lambda get: {rank: get(req) for rank, req in by_rank.items()})
+            lambda get: {self.world_ranks[rank]: get(req) for rank, req in by_rank.items()})
         checks: list[tuple[str, Callable[[Request], object]]] = [
             ("collective", lambda r: r.type),
             ("dtype", lambda r: r.dtype),
@@ -141,7 +144,7 @@ class Coordinator:
             if error is not None:
                 return error
         if self._joined and kind != RequestType.ALLREDUCE:
-            ranks = ", ".join(map(str, sorted(self._joined)))
+            ranks = ", ".join(str(self.world_ranks[rank]) for rank in sorted(self._joined))
             return (f"{opname} of tensor '{name}' cannot run while ranks {ranks} have called "
                     "join(); only allreduce continues after a rank joins.")
         return None

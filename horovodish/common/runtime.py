@@ -263,7 +263,9 @@ class Runtime:
                 self._end_job_after_grace()
             else:
                 if not self._cycle_shutdown:  # another rank's shutdown, not ours
-                    ranks = ", ".join(map(str, result.shutdown_ranks)) or "?"
+                    world_ranks = self.controller.world_ranks
+                    ranks = ", ".join(str(world_ranks[rank])
+                                      for rank in result.shutdown_ranks) or "?"
                     self._stop_reason = (f" because rank {ranks} shut down (its script "
                                          "ended, failed, or called shutdown())")
                 # Every rank's runtime ends in this same cycle: collective clean-up

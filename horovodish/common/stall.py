@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 log = logging.getLogger("horovodish")
 
 
 class StallInspector:
     def __init__(self, size: int, check_time: float, shutdown_time: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 world_ranks: Sequence[int] | None = None) -> None:
         self.size = size
+        # The report names world ranks: inside a process set, set rank i is world_ranks[i].
+        self.world_ranks = list(world_ranks) if world_ranks is not None else list(range(size))
         self.check_time = check_time
         self.shutdown_time = shutdown_time
         self.clock = clock
@@ -68,5 +71,6 @@ class StallInspector:
             "collectives with the same names:"
         ]
         for rank in sorted(missing):
-            lines.append(f"  rank {rank} has not submitted: {', '.join(sorted(missing[rank]))}")
+            lines.append(f"  rank {self.world_ranks[rank]} has not submitted: "
+                         f"{', '.join(sorted(missing[rank]))}")
         return "\n".join(lines)

@@ -57,7 +57,7 @@ class FakeWorld:
     """Runs one negotiation cycle on every rank at once."""
 
     def __init__(self, size: int, cache_capacity: int = 16, stall_check: float | None = None,
-                 stall_shutdown: float = 0.0, clock=None) -> None:
+                 stall_shutdown: float = 0.0, clock=None, world_ranks=None) -> None:
         self.exchange = _Exchange(size)
         self.size = size
         kwargs = {} if clock is None else {"clock": clock}
@@ -65,9 +65,10 @@ class FakeWorld:
         for rank in range(size):
             stall = None
             if stall_check is not None and rank == 0:
-                stall = StallInspector(size, stall_check, stall_shutdown, **kwargs)
+                stall = StallInspector(size, stall_check, stall_shutdown,
+                                       world_ranks=world_ranks, **kwargs)
             self.controllers.append(Controller(FakeTransport(self.exchange, rank), cache_capacity,
-                                               stall, **kwargs))
+                                               stall, world_ranks=world_ranks, **kwargs))
 
     def cycle(self, requests: dict[int, list[Request]] | None = None,
               shutdown: set[int] = frozenset()) -> list[CycleResult]:

@@ -185,6 +185,24 @@ def test_stall_inspector_names_tensor_and_rank_then_shuts_down():
     assert all(r.shutdown and r.stalled for r in results)
 
 
+def test_a_process_sets_messages_name_world_ranks():
+    """Set ranks 0, 1, 2 of the set [4, 1, 6]: users know ranks by their world number."""
+    now = [0.0]
+    world = FakeWorld(3, stall_check=2.0, clock=lambda: now[0], world_ranks=[4, 1, 6])
+    results = world.cycle({0: [ar("t")], 1: [ar("t")], 2: [ar("t", dtype="float64")]})
+    assert "ranks 1, 4: float32; rank 6: float64" in results[0].responses[0].error
+    world.cycle({0: [ar("lonely_tensor")], 2: [ar("lonely_tensor")]})
+    now[0] = 3.0
+    world.cycle()
+    assert "  rank 1 has not submitted: lonely_tensor" in \
+        world.controllers[0].coordinator.stall.last_report
+    join = Request("join", RequestType.JOIN, "uint8", ())
+    world.cycle({2: [join], 1: [ar("lonely_tensor")]})
+    results = world.cycle({0: [Request("b", RequestType.BROADCAST, "float32", (1,))],
+                           1: [Request("b", RequestType.BROADCAST, "float32", (1,))]})
+    assert "ranks 6 have called join()" in results[0].responses[0].error
+
+
 def test_stall_shutdown_shorter_than_check_time_is_reported(caplog):
     """Horovod warns and never shuts down; here the job shuts down at the first report,
     and says so at start rather than stretching the shutdown time silently."""

@@ -45,6 +45,26 @@ def test_stall_inspector_names_tensor_and_rank_then_ends_the_job():
     assert "stall inspector" in result.stdout
 
 
+def test_a_rank_that_fails_while_others_add_a_process_set_ends_the_job():
+    """Registration agrees through the runtime: it used to wait in a bare MPI call."""
+    start = time.monotonic()
+    result = run_ranks(WORKER, 2, args=["raise_before_add"], timeout=90)
+    assert time.monotonic() - start < 30, result.stdout
+    assert result.returncode != 0, result.stdout
+    assert "because rank 1 shut down" in result.stdout, result.stdout
+    assert "process_set.add.1" in result.stdout, result.stdout
+
+
+def test_a_stall_inside_a_process_set_names_world_ranks():
+    start = time.monotonic()
+    result = run_ranks(WORKER, 3, args=["stall_in_set"], timeout=90, env={
+        "HOROVODISH_STALL_CHECK_TIME_SECONDS": "2",
+        "HOROVODISH_STALL_SHUTDOWN_TIME_SECONDS": "5"})
+    assert time.monotonic() - start < 30, result.stdout
+    assert result.returncode != 0, result.stdout
+    assert "rank 2 has not submitted: lonely_tensor" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("mode", ["internal", "internal_caught"])
 def test_a_runtime_failing_midway_ends_the_job(mode):
     """Rank 1 is inside the data allreduce that rank 0's failed cycle never joins: only

@@ -184,6 +184,7 @@ def test_hostfile_conversion(tmp_path, flavour, text, converted):
     (["-np", "2", "--hostfile", "/nonexistent/hosts", "p"], "--hostfile"),
     (["-np", "2", "--mpi-args", "'unbalanced", "p"], "--mpi-args"),
     (["-np", "2", "-H", "a", "--hostfile", "f", "p"], "not allowed with"),
+    (["-np", "3", "-H", "a:1,b:1", "p"], "-np 3 needs 3 slots but -H/--hosts gives 2"),
     (["-np", "2", "--disable-cache", "--cache-capacity", "3", "p"], "not allowed with"),
     # horovodrun flags this launcher refuses, each saying why
     (["-np", "2", "--min-np", "1", "p"], "--min-np: elastic launching"),
@@ -198,6 +199,19 @@ def test_bad_arguments_exit_2(capsys, argv, names):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "error:" in err and names in err, err
+
+
+def test_slot_counts_limit_the_ranks(tmp_path, capsys):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=2\nb slots=1\n")
+    with pytest.raises(SystemExit) as exc:
+        run_mod.main(["-np", "4", "--hostfile", str(hostfile), "p"])
+    assert exc.value.code == 2
+    assert "-np 4 needs 4 slots but --hostfile gives 3 (a:2, b:1)" in capsys.readouterr().err
+    # Enough slots, or a host without a count (mpirun decides): accepted.
+    for argv in (["-np", "3", "--hostfile", str(hostfile), "p"],
+                 ["-np", "3", "-H", "a:1,b", "p"]):
+        assert parse_args(argv).num_proc == 3
 
 
 def test_version_and_flags_without_effect(capsys):

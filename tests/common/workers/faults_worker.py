@@ -2,7 +2,8 @@
 
 Modes: kill (SIGKILL itself), raise (an exception), raise_before_init (rank 1 raises
 before init() while the others wait in it), stall (never submits 'lonely_tensor'),
-internal (rank 0's runtime fails inside a cycle, after the negotiation that sent rank 1
+stall_in_set (world rank 2 never submits 'lonely_tensor' on the set [0, 2]), raise_before_add
+(rank 1 raises while rank 0 registers a process set), internal (rank 0's runtime fails inside a cycle, after the negotiation that sent rank 1
 into the data allreduce; rank 0's script then ends with the error) and internal_caught
 (the same, but rank 0 catches the error and keeps running).
 """
@@ -18,6 +19,7 @@ from mpi4py import MPI
 
 from horovodish.common import basics, collectives
 from horovodish.common.messages import ReduceOp
+from horovodish.common.process_sets import add_process_set
 
 
 def allreduce(value: float, name: str) -> np.ndarray:
@@ -28,8 +30,24 @@ def allreduce(value: float, name: str) -> np.ndarray:
 def main(mode: str) -> None:
     if mode == "raise_before_init" and MPI.COMM_WORLD.Get_rank() == 1:
         raise FileNotFoundError("deliberate failure before init on rank 1")
-    basics.init()
+    basics.init(process_sets="dynamic")
     rank, size = basics.rank(), basics.size()
+    if mode == "raise_before_add":
+        allreduce(1.0, "warm")
+        if rank == 1:
+            time.sleep(0.5)
+            raise RuntimeError("deliberate failure on rank 1 before add_process_set")
+        add_process_set([0, 1])  # agreed through the runtime: fails, not a hang in MPI
+        return
+    if mode == "stall_in_set":
+        evens = add_process_set([0, 2])
+        if rank == 0:
+            data = np.ones(8, dtype=np.float32)
+            collectives.allreduce_async(data, data, "lonely_tensor", ReduceOp.SUM,
+                                        process_set=evens).wait()
+        elif rank == 2:
+            time.sleep(120)  # never submits; the report must name world rank 2
+        return
     if mode == "stall":
         if rank == 1:
             time.sleep(120)  # never submits; the job must still end

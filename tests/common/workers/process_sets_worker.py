@@ -92,19 +92,19 @@ def main(mode: str) -> None:
         expect(ValueError, lambda: collectives.broadcast_async(
             np.ones(1), np.ones(1), 1, "bad.root", process_set=evens), "root_rank 1",
             "not a member")
-        if rank == 0:
-            expect(HorovodInternalError, lambda: collectives.allreduce_async(
-                np.ones(2), np.ones(2), "mismatch", ReduceOp.SUM, process_set=evens).wait(),
-                "mismatch", "shape")
-        else:
-            expect(HorovodInternalError, lambda: collectives.allreduce_async(
-                np.ones(3), np.ones(3), "mismatch", ReduceOp.SUM, process_set=evens).wait(),
-                "mismatch", "shape")
+        # The message names world ranks (set rank 1 is world rank 2).
+        length = 2 if rank == 0 else 3
+        expect(HorovodInternalError, lambda: collectives.allreduce_async(
+            np.ones(length), np.ones(length), "mismatch", ReduceOp.SUM,
+            process_set=evens).wait(), "mismatch", "shape", "rank 0: (2,)", "rank 2: (3,)")
     exercise(global_process_set, rank, "world")
     if mode == "dynamic":
         assert remove_process_set(evens)
         expect(ValueError, lambda: collectives.allreduce_async(
             np.ones(1), np.ones(1), "gone", ReduceOp.SUM, process_set=evens), "not registered")
+        # Different lists on different ranks: every rank raises, naming each one's list.
+        expect(ValueError, lambda: add_process_set([0, 1] if rank == 0 else [1, 2]),
+               "different rank lists", "rank 0: [0, 1]", "rank 1: [1, 2]", "rank 2: [1, 2]")
         again = add_process_set([0, 1])
         if again.included():
             exercise(again, rank, "again")
