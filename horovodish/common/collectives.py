@@ -65,7 +65,7 @@ def gives_back_names(submit: Submit) -> Submit:
     def refusing(*args: Any, **kwargs: Any) -> Any:
         try:
             return submit(*args, **kwargs)
-        except BaseException:
+        except Exception:  # a refusal; not an interrupt, which may come after queueing
             arguments = signature.bind(*args, **kwargs).arguments
             give_back_names(arguments["names"] if "names" in arguments
                             else [arguments.get("name")])
@@ -185,7 +185,7 @@ def allreduce_async(tensor: np.ndarray, output: np.ndarray | None, name: str, op
         entry = Entry(reduction_request(_ALLREDUCE, name, tensor, op, prescale, postscale,
                                         device), tensor, runtime.completions, output)
         runtime.submit_one(entry, name)
-    except BaseException:
+    except Exception:  # as in gives_back_names
         give_back_names([name])
         raise
     return entry
