@@ -205,10 +205,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _check_slots(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """More ranks than the slots given: Hydra would start them anyway, several to a slot
-    (Open MPI and horovodrun refuse); refuse here too, for both. Hosts without a count
-    leave it to mpirun."""
+    (Open MPI and horovodrun refuse); refuse here too, for both, unless --mpi-args asks
+    for --oversubscribe. Hosts without a count leave it to mpirun."""
     hosts = args.hostfile_hosts if args.hostfile_hosts is not None else args.hosts
-    if not hosts or any(host.slots is None for host in hosts):
+    if not hosts or any(host.slots is None for host in hosts) or \
+            "--oversubscribe" in args.mpi_args:
         return
     slots = sum(host.slots for host in hosts)
     if args.num_proc > slots:

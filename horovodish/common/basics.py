@@ -31,6 +31,7 @@ class _State:
     homogeneous: bool = True  # every host runs as many ranks (Horovod's is_homogeneous)
     process_sets: dict[int, Any] = field(default_factory=dict)
     next_process_set_id: int = 1
+    registration_calls: int = 0  # add/remove_process_set calls so far (the same on every rank)
 
 
 _state: _State | None = None
@@ -167,25 +168,26 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 def register_process_set(process_set: Any) -> None:
     """Create the set's communicator and, on members, its runtime (collective).
 
-    The ranks first agree through the global runtime, so that different rank lists raise
-    on every rank and a rank that fails meanwhile fails this call (a bare MPI call on the
-    main thread would wait for it forever)."""
+    The ranks first agree through the global runtime (see _agree)."""
     state_ = state()
     from mpi4py import MPI
-    if process_set.process_set_id is not None:
-        raise ValueError(f"{process_set!r} is already registered")
     manage = state_.manage_comm
-    if process_set._comm_source is not None:
+    if process_set._comm_source is not None and process_set.process_set_id is None:
         source = process_set._comm_source
         process_set.ranks = sorted(MPI.Group.Translate_ranks(
             source.Get_group(), list(range(source.Get_size())), manage.Get_group()))
     ranks = list(process_set.ranks or [])
-    _agree("add_process_set", ranks, f"process_set.add.{state_.next_process_set_id}")
-    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < state_.size for r in ranks):
-        raise ValueError(f"process set ranks {ranks} must be distinct ranks in 0..{state_.size - 1}")
-    for existing in state_.process_sets.values():
-        if existing.ranks == ranks and existing.process_set_id != 0:
-            raise ValueError(f"a process set with ranks {ranks} already exists: {existing!r}")
+    problem = None
+    if process_set.process_set_id is not None:
+        problem = f"{process_set!r} is already registered"
+    elif not ranks or len(set(ranks)) != len(ranks) or \
+            not all(0 <= r < state_.size for r in ranks):
+        problem = f"process set ranks {ranks} must be distinct ranks in 0..{state_.size - 1}"
+    else:
+        for existing in state_.process_sets.values():
+            if existing.ranks == ranks and existing.process_set_id != 0:
+                problem = f"a process set with ranks {ranks} already exists: {existing!r}"
+    _agree(state_, ("add_process_set", ranks, problem))
     sub = manage.Create(manage.Get_group().Incl(ranks))
     process_set.process_set_id = state_.next_process_set_id
     state_.next_process_set_id += 1
@@ -199,8 +201,7 @@ def unregister_process_set(process_set: Any) -> bool:
     state_ = state()
     if process_set.process_set_id not in state_.process_sets:
         return False
-    _agree("remove_process_set", process_set.ranks,
-           f"process_set.remove.{process_set.process_set_id}")
+    _agree(state_, ("remove_process_set", process_set.process_set_id, None))
     state_.process_sets.pop(process_set.process_set_id)
     if process_set.runtime is not None:
         process_set.runtime.shutdown()  # members agree through their own negotiation
@@ -210,14 +211,19 @@ def unregister_process_set(process_set: Any) -> bool:
     return True
 
 
-def _agree(call: str, ranks: list[int], name: str) -> None:
-    """Every rank passes the same rank list, or every rank raises naming each one's."""
+def _agree(state_: _State, proposal: Any) -> None:
+    """Gather every rank's proposal through the global runtime and raise the same
+    ValueError on every rank if they cannot go ahead together. Through the runtime, a rank
+    that fails meanwhile fails this call too; a bare MPI call on the main thread (the
+    communicator's creation) would wait for it forever. Calls are numbered, so an add on
+    one rank meets a remove on another under one name, and is reported."""
     from .objects import allgather_object
-    everyone = allgather_object(ranks, name=name)
-    if any(other != ranks for other in everyone):
-        lists = "; ".join(f"rank {rank}: {other}" for rank, other in enumerate(everyone))
-        raise ValueError(f"{call}: the ranks passed different rank lists ({lists}); every "
-                         "rank must pass the same list, in the same order of calls.")
+    from .process_sets import disagreement
+    number = state_.registration_calls
+    state_.registration_calls += 1
+    problem = disagreement(allgather_object(proposal, name=f"process_set.call.{number}"))
+    if problem is not None:
+        raise ValueError(f"{proposal[0]}: {problem}")
 
 
 def shutdown() -> None:

@@ -6,9 +6,9 @@ so bad input raises at the call site rather than as a distributed failure.
 """
 from __future__ import annotations
 
-import functools
-import inspect
-from typing import Any, Callable, Sequence, TypeVar
+import itertools
+from collections import defaultdict
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -27,8 +27,7 @@ _ALLREDUCE = RequestType.ALLREDUCE
 _ADASUM = ReduceOp.ADASUM
 _new_tuple = tuple.__new__
 
-_counters: dict[str, int] = {}  # name prefix -> the next automatic number
-Submit = TypeVar("Submit", bound=Callable[..., Any])
+_counters: dict[tuple[str, int], itertools.count] = defaultdict(itertools.count)
 
 
 def auto_name(opname: str, process_set: ProcessSet | None = None) -> str:
@@ -36,41 +35,7 @@ def auto_name(opname: str, process_set: ProcessSet | None = None) -> str:
     do not fall out of step; every member calls them in the same order."""
     set_id = 0 if process_set is None else (process_set.process_set_id or 0)
     prefix = opname if set_id == 0 else f"ps{set_id}.{opname}"
-    number = _counters.get(prefix, 0)
-    _counters[prefix] = number + 1
-    return f"{prefix}.noname.{number}"
-
-
-def give_back_names(names: Sequence[Any]) -> None:
-    """Return the automatic names a refused call took (the newest first), so this rank's
-    next unnamed op gets the name it gets on the ranks that never saw the refusal.
-
-    Only a name that is the newest its counter gave is returned: names given since, and
-    names the caller chose, are left alone."""
-    for name in reversed(names):
-        if not isinstance(name, str):
-            continue
-        prefix, marker, number = name.rpartition(".noname.")
-        if marker and number.isdigit() and _counters.get(prefix) == int(number) + 1:
-            _counters[prefix] = int(number)
-
-
-def gives_back_names(submit: Submit) -> Submit:
-    """A submit function (with a `name` or `names` argument) that gives its automatic
-    names back when it refuses the call: a refusal sends nothing, so the names were not
-    used on this rank, and keeping them would shift every later unnamed op's name."""
-    signature = inspect.signature(submit)
-
-    @functools.wraps(submit)
-    def refusing(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return submit(*args, **kwargs)
-        except Exception:  # a refusal; not an interrupt, which may come after queueing
-            arguments = signature.bind(*args, **kwargs).arguments
-            give_back_names(arguments["names"] if "names" in arguments
-                            else [arguments.get("name")])
-            raise
-    return refusing  # type: ignore[return-value]
+    return f"{prefix}.noname.{next(_counters[(opname, set_id)])}"
 
 
 def resolve(process_set: ProcessSet | None) -> ProcessSet:
@@ -139,7 +104,6 @@ def _reduction_args(kind: RequestType, op: ReduceOp, prescale: float, postscale:
     return op, prescale, postscale
 
 
-@gives_back_names
 def grouped_allreduce_async(tensors: Sequence[np.ndarray],
                             outputs: Sequence[np.ndarray | None],
                             names: Sequence[str], op: ReduceOp, prescale: float = 1.0,
@@ -167,31 +131,25 @@ def allreduce_async(tensor: np.ndarray, output: np.ndarray | None, name: str, op
                     prescale: float = 1.0, postscale: float = 1.0, device: str = "cpu",
                     process_set: ProcessSet | None = None) -> Handle:
     # The grouped call for one tensor, without its lists: bursts of single submits are
-    # the pattern to be fast for (about 1.5 us each), so the common case skips calls
-    # (gives_back_names inlined too: its wrapper would add a sixth to each submit).
-    try:
-        if (process_set is None or process_set is global_process_set) and \
-                global_process_set.runtime is not None:
-            process_set = global_process_set  # initialized, global set: as resolve() says
-        else:
-            process_set = resolve(process_set)
-        if output is not tensor:
-            _check_output(tensor, output, "allreduce", name)
-        if type(op) is not ReduceOp or op is _ADASUM or type(prescale) is not float \
-                or type(postscale) is not float:  # else already normalised: skip the call
-            op, prescale, postscale = _reduction_args(_ALLREDUCE, op, prescale, postscale,
-                                                      name, process_set)
-        runtime = process_set.runtime
-        entry = Entry(reduction_request(_ALLREDUCE, name, tensor, op, prescale, postscale,
-                                        device), tensor, runtime.completions, output)
-        runtime.submit_one(entry, name)
-    except Exception:  # as in gives_back_names
-        give_back_names([name])
-        raise
+    # the pattern to be fast for (about 1.5 us each), so the common case skips calls.
+    if (process_set is None or process_set is global_process_set) and \
+            global_process_set.runtime is not None:
+        process_set = global_process_set  # initialized, global set: what resolve() would say
+    else:
+        process_set = resolve(process_set)
+    if output is not tensor:
+        _check_output(tensor, output, "allreduce", name)
+    if type(op) is not ReduceOp or op is _ADASUM or type(prescale) is not float \
+            or type(postscale) is not float:  # else already normalised: skip the call
+        op, prescale, postscale = _reduction_args(_ALLREDUCE, op, prescale, postscale, name,
+                                                  process_set)
+    runtime = process_set.runtime
+    entry = Entry(reduction_request(_ALLREDUCE, name, tensor, op, prescale, postscale, device),
+                  tensor, runtime.completions, output)
+    runtime.submit_one(entry, name)
     return entry
 
 
-@gives_back_names
 def grouped_allgather_async(tensors: Sequence[np.ndarray], allocators: Sequence[Allocator],
                             names: Sequence[str], device: str = "cpu",
                             process_set: ProcessSet | None = None) -> list[Handle]:
@@ -210,7 +168,6 @@ def allgather_async(tensor: np.ndarray, allocate: Allocator, name: str, device: 
     return grouped_allgather_async([tensor], [allocate], [name], device, process_set)[0]
 
 
-@gives_back_names
 def broadcast_async(tensor: np.ndarray, output: np.ndarray, root_rank: int, name: str,
                     device: str = "cpu", process_set: ProcessSet | None = None) -> Handle:
     """root_rank is a world rank (as in Horovod), also for a process set."""
@@ -226,7 +183,6 @@ def broadcast_async(tensor: np.ndarray, output: np.ndarray, root_rank: int, name
     return _submit([entry], process_set)[0]
 
 
-@gives_back_names
 def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | None, allocate: Allocator,
                    name: str, device: str = "cpu",
                    process_set: ProcessSet | None = None) -> Handle:
@@ -259,7 +215,6 @@ def reducescatter_shape(shape: Sequence[int], rank: int, size: int) -> tuple[int
     return (base + (1 if rank < extra else 0),) + tuple(shape[1:])
 
 
-@gives_back_names
 def grouped_reducescatter_async(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
                                 names: Sequence[str], op: ReduceOp, prescale: float = 1.0,
                                 postscale: float = 1.0, device: str = "cpu",

@@ -135,7 +135,8 @@ class Coordinator:
             checks += [("number of dimensions", lambda r: len(r.shape)),
                        ("shape after the first dimension", lambda r: r.shape[1:])]
         if kind == RequestType.BROADCAST:
-            checks.append(("root rank", lambda r: r.root_rank))
+            checks.append(("root rank", lambda r: self.world_ranks[r.root_rank]
+                           if 0 <= r.root_rank < self.size else r.root_rank))
         if kind == RequestType.ALLTOALL:
             checks.append(("use of explicit splits", lambda r: r.splits is not None))
         for what, get in checks:

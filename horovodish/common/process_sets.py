@@ -65,6 +65,44 @@ class ProcessSet:
 
 global_process_set = ProcessSet(None)
 
+# What each rank proposes to a registration call: the call ("add_process_set" or
+# "remove_process_set"), its rank list (add) or set id (remove), and a problem this rank
+# found on its own (None if none), which every rank then raises.
+Proposal = tuple[str, Any, "str | None"]
+
+
+def disagreement(proposals: Sequence[Proposal]) -> str | None:
+    """Why the ranks' proposals cannot go ahead together, or None if they can.
+
+    An add may give every rank the same list, or give each rank a list it is in and its
+    fellow members give too: disjoint groups (what ProcessSet(comm.Split(...)) gives),
+    each registered under one id, as MPI_Comm_create allows."""
+    calls = {call for call, _, _ in proposals}
+    if len(calls) > 1:
+        said = "; ".join(f"rank {rank}: {call}({value})"
+                         for rank, (call, value, _) in enumerate(proposals))
+        return f"the ranks made different calls ({said}); every rank makes the same calls " \
+               "in the same order."
+    (call,) = calls
+    problems = [f"rank {rank}: {problem}" for rank, (_, _, problem) in enumerate(proposals)
+                if problem is not None]
+    if problems:
+        return "; ".join(problems)
+    values = [value for _, value, _ in proposals]
+    if all(value == values[0] for value in values):
+        return None
+    if call == "add_process_set" and all(
+            rank in value and all(values[member] == value for member in value)
+            for rank, value in enumerate(values)):
+        return None
+    said = "; ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
+    if call == "add_process_set":
+        return (f"the ranks passed different rank lists ({said}); every rank passes the "
+                "same list, or the group of ranks it belongs to, which each of them passes "
+                "too.")
+    return f"the ranks passed different process sets (ids: {said}); every rank passes the " \
+           "same set."
+
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a new set (collective: every rank calls it, in the same order).

@@ -201,6 +201,10 @@ def test_a_process_sets_messages_name_world_ranks():
     results = world.cycle({0: [Request("b", RequestType.BROADCAST, "float32", (1,))],
                            1: [Request("b", RequestType.BROADCAST, "float32", (1,))]})
     assert "ranks 6 have called join()" in results[0].responses[0].error
+    world = FakeWorld(2, world_ranks=[3, 5])  # root ranks travel as set ranks
+    results = world.cycle({0: [Request("r", RequestType.BROADCAST, "float32", (1,), root_rank=0)],
+                           1: [Request("r", RequestType.BROADCAST, "float32", (1,), root_rank=1)]})
+    assert "root rank (rank 3: 3; rank 5: 5)" in results[0].responses[0].error
 
 
 def test_stall_shutdown_shorter_than_check_time_is_reported(caplog):

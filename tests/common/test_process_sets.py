@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from horovodish.common.process_sets import disagreement
 from multirank import assert_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "process_sets_worker.py"
@@ -33,3 +34,37 @@ def test_init_with_a_list_of_ranks_and_a_rank_left_out():
     for rank in range(3):
         assert f"OK rank {rank}" in result.stdout, result.stdout
     assert "not in the list" in result.stdout
+
+
+ADD, REMOVE = "add_process_set", "remove_process_set"
+
+
+@pytest.mark.parametrize("proposals", [
+    [(ADD, [0, 2], None)] * 3,
+    [(ADD, [0, 2], None), (ADD, [1], None), (ADD, [0, 2], None)],  # comm.Split's groups
+    [(REMOVE, 4, None)] * 3,
+])
+def test_registration_proposals_that_go_ahead(proposals):
+    assert disagreement(proposals) is None
+
+
+@pytest.mark.parametrize("proposals,needles", [
+    ([(ADD, [0, 1], None), (ADD, [1, 2], None), (ADD, [1, 2], None)],
+     ["different rank lists", "rank 0: [0, 1]; rank 1: [1, 2]; rank 2: [1, 2]"]),
+    ([(ADD, [0, 2], None), (ADD, [1], None), (ADD, [2], None)],  # rank 0 counts 2 in, 2 not
+     ["different rank lists", "rank 2: [2]"]),
+    ([(ADD, [1], None), (ADD, [1], None)], None),  # the same list: fine, rank 0 is outside
+    ([(REMOVE, 1, None), (REMOVE, 2, None)], ["different process sets", "ids: rank 0: 1; rank 1: 2"]),
+    ([(ADD, [0, 1], None), (REMOVE, 1, None)],
+     ["different calls", "rank 0: add_process_set([0, 1]); rank 1: remove_process_set(1)"]),
+    ([(ADD, [0, 1], None), (ADD, [0, 1], "a process set with ranks [0, 1] already exists")],
+     ["rank 1: a process set with ranks [0, 1] already exists"]),
+])
+def test_registration_proposals_that_cannot(proposals, needles):
+    problem = disagreement(proposals)
+    if needles is None:
+        assert problem is None
+        return
+    assert problem is not None
+    for needle in needles:
+        assert needle in problem, problem

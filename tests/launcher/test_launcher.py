@@ -210,7 +210,8 @@ def test_slot_counts_limit_the_ranks(tmp_path, capsys):
     assert "-np 4 needs 4 slots but --hostfile gives 3 (a:2, b:1)" in capsys.readouterr().err
     # Enough slots, or a host without a count (mpirun decides): accepted.
     for argv in (["-np", "3", "--hostfile", str(hostfile), "p"],
-                 ["-np", "3", "-H", "a:1,b", "p"]):
+                 ["-np", "3", "-H", "a:1,b", "p"],
+                 ["-np", "3", "-H", "a:1", "--mpi-args=--oversubscribe", "p"]):
         assert parse_args(argv).num_proc == 3
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+from mpi4py import MPI
 
 from horovodish.common import basics, collectives, objects
 from horovodish.common.errors import HorovodInternalError
@@ -73,7 +74,6 @@ def main(mode: str) -> None:
     else:
         evens = add_process_set([0, 2])
         odds = add_process_set([1])
-        from mpi4py import MPI
         everyone = add_process_set(ProcessSet(MPI.COMM_WORLD))  # from an mpi4py communicator
         assert everyone.ranks == list(range(size)), everyone.ranks
         exercise(everyone, rank, "everyone")
@@ -105,11 +105,25 @@ def main(mode: str) -> None:
         # Different lists on different ranks: every rank raises, naming each one's list.
         expect(ValueError, lambda: add_process_set([0, 1] if rank == 0 else [1, 2]),
                "different rank lists", "rank 0: [0, 1]", "rank 1: [1, 2]", "rank 2: [1, 2]")
+        # A remove of different sets, or an add meeting a remove: every rank raises.
+        spare = add_process_set([1, 2])
+        expect(ValueError, lambda: remove_process_set(odds if rank == 1 else spare),
+               "different process sets", f"rank 1: {odds.process_set_id}",
+               f"rank 0: {spare.process_set_id}")
+        expect(ValueError, lambda: remove_process_set(spare) if rank == 0 else
+               add_process_set([0, 2]), "different calls", "rank 0: remove_process_set",
+               "rank 1: add_process_set([0, 2])")
+        remove_process_set(spare)
+        remove_process_set(odds)
+        # Each rank its own group (Horovod's ProcessSet(comm.Split(...)) pattern).
+        halves = add_process_set(ProcessSet(MPI.COMM_WORLD.Split(color=rank % 2, key=rank)))
+        assert halves.ranks == ([0, 2] if rank % 2 == 0 else [1]), halves.ranks
+        exercise(halves, rank, "halves")
+        remove_process_set(halves)
         again = add_process_set([0, 1])
         if again.included():
             exercise(again, rank, "again")
         remove_process_set(again)
-        remove_process_set(odds)
     sys.stdout.write(f"OK rank {rank} of {size}\n")
 
 
