@@ -65,7 +65,7 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
     if not config.stall_check_disable and size > 1:
         stall = StallInspector(size, config.stall_check_time, config.stall_shutdown_time,
                                world_ranks=world_ranks)
-    backends = [SharedMemoryBackend(comm, config.cpu_operations),
+    backends = [SharedMemoryBackend(comm, config.cpu_operations, world_ranks=world_ranks),
                 RingBackend(comm, config.ring_threshold, config.cpu_operations),
                 MPIBackend(comm)]
     controller = Controller(MPITransport(comm), config.cache_capacity, stall,

@@ -21,6 +21,7 @@ and by default only for fused groups (see ``enabled``).
 from __future__ import annotations
 
 import logging
+from typing import Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -44,11 +45,14 @@ class SharedMemoryBackend(Backend):
     name = "shm"
 
     def __init__(self, comm: MPI.Comm, mode: str | None, threshold: int = SHM_THRESHOLD,
-                 piece_bytes: int = PIECE_BYTES) -> None:
+                 piece_bytes: int = PIECE_BYTES, world_ranks: Sequence[int] | None = None
+                 ) -> None:
         self.mode = mode
         self.threshold = threshold
         self.piece_bytes = piece_bytes
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        # What messages call each rank: inside a process set, rank i is world_ranks[i].
+        self._world_ranks = list(world_ranks) if world_ranks is not None else list(range(self.size))
         self._window: MPI.Win | None = None
         self._segments: list[np.ndarray] = []
         self._node: MPI.Comm | None = None
@@ -212,7 +216,7 @@ class SharedMemoryBackend(Backend):
                 if tensors is not None:
                     tensors.Free()
         if failed_ranks - {self.rank}:
-            ranks = ", ".join(map(str, sorted(failed_ranks)))
+            ranks = ", ".join(str(self._world_ranks[rank]) for rank in sorted(failed_ranks))
             raise RuntimeError(f"rank {ranks} could not copy its input into shared memory"
                                + (f" ({failure})" if failure else ""))
         if failure is not None:

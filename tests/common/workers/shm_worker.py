@@ -56,7 +56,9 @@ def reference(size: int, counts: list[int], dtype, op: ReduceOp, seed: int,
 def main() -> None:
     comm = MPI.COMM_WORLD.Dup()
     rank, size = comm.Get_rank(), comm.Get_size()
-    backend = SharedMemoryBackend(comm, "shm", piece_bytes=PIECE_BYTES)
+    # As a process set's would be: messages name rank r as world rank r + 10.
+    backend = SharedMemoryBackend(comm, "shm", piece_bytes=PIECE_BYTES,
+                                  world_ranks=[r + 10 for r in range(size)])
     assert backend.available, "the shared-memory window must open on one host"
     checked = 0
     for seed, (dtype, op, counts) in enumerate(
@@ -111,7 +113,7 @@ def main() -> None:
                                [np.empty(c, np.float32) for c in counts], f32, ReduceOp.SUM)
         raise AssertionError(f"rank {rank}: a rank's failed pack must fail every rank")
     except (ValueError, RuntimeError) as exc:
-        assert rank == 1 or "rank 1 could not copy its input" in str(exc), exc
+        assert rank == 1 or "rank 11 could not copy its input" in str(exc), exc
     outputs = [np.empty(c, np.float32) for c in counts]
     if rank == 1:
         outputs[1] = np.empty(7, np.float32)  # too short to receive
@@ -149,7 +151,7 @@ def main() -> None:
         backend.allreduce_into(tensors, counts, tensors, f32, ReduceOp.SUM, in_place=True)
         raise AssertionError(f"rank {rank}: a failed describe must fail every rank")
     except (MemoryError, RuntimeError) as exc:
-        assert rank == 1 or "rank 1 could not copy its input" in str(exc), exc
+        assert rank == 1 or "rank 11 could not copy its input" in str(exc), exc
     if rank == 1:
         del backend._scatterer.describe  # the class's method again
     tensors = [np.ones(c, np.float32) for c in counts]
