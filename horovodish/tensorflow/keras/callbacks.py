@@ -111,7 +111,8 @@ def _learning_rate(optimizer: Any) -> float:
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """lr = initial_lr * multiplier(epoch) for epochs in [start_epoch, end_epoch).
 
-    ``multiplier`` is a function of the epoch, or a number m meaning m ** epoch. With
+    ``multiplier`` is a function of the epoch, or a number m meaning
+    m ** (epoch - start_epoch): the schedule starts at initial_lr, as in Horovod. With
     ``staircase`` the lr changes at the first batch of each epoch; without, every batch,
     with a fractional epoch. ``momentum_correction`` scales momentum by new_lr / old_lr for
     the batch where the lr changes (Goyal et al.); Keras 3 compiles SGD's float momentum
@@ -126,7 +127,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if initial_lr is None:
             raise ValueError("Parameter `initial_lr` is required")
         self.initial_lr = initial_lr
-        self.multiplier = multiplier if callable(multiplier) else (lambda e: multiplier ** e)
+        self.multiplier = multiplier if callable(multiplier) else (
+            lambda epoch: multiplier ** (epoch - start_epoch))
         self.start_epoch, self.end_epoch = start_epoch, end_epoch
         self.staircase = staircase
         self.momentum_correction = momentum_correction
