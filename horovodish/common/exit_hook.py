@@ -12,10 +12,12 @@ uncaught exception in a multi-rank job that never initialized horovodish (or who
 from __future__ import annotations
 
 import sys
+import time
 from types import TracebackType
 from typing import Callable
 
 _installed = False
+_FORWARD_SECONDS = 0.5
 
 
 def install(initialized: Callable[[], bool]) -> None:
@@ -39,6 +41,10 @@ def install(initialized: Callable[[], bool]) -> None:
             sys.stderr.write(f"horovodish: rank {world.Get_rank()} failed before "
                              "horovodish.init() completed; aborting the job so that the "
                              "other ranks do not wait for it.\n")
+            sys.stdout.flush()
             sys.stderr.flush()
+            # MPI_Abort kills every rank at once: give mpirun's proxy a moment to forward
+            # the traceback first (under load it was lost, and the job ended silently).
+            time.sleep(_FORWARD_SECONDS)
             world.Abort(1)
     sys.excepthook = hook
