@@ -151,6 +151,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         dynamic = process_sets == "dynamic" or config.dynamic_process_sets
         _state = _State(config, world, world.Dup(), local, cross, runtime, rank, size, dynamic,
                         homogeneous=homogeneous)
+        # Set ids start from 1 again, maybe with other members: so do unnamed ops' numbers.
+        from .collectives import reset_auto_names
+        reset_auto_names()
         _initialized_once = True
         global_process_set.ranks = list(range(size))
         global_process_set.process_set_id = 0
@@ -172,21 +175,8 @@ def register_process_set(process_set: Any) -> None:
     state_ = state()
     from mpi4py import MPI
     manage = state_.manage_comm
-    if process_set._comm_source is not None and process_set.process_set_id is None:
-        source = process_set._comm_source
-        process_set.ranks = sorted(MPI.Group.Translate_ranks(
-            source.Get_group(), list(range(source.Get_size())), manage.Get_group()))
-    ranks = list(process_set.ranks or [])
-    problem = None
-    if process_set.process_set_id is not None:
-        problem = f"{process_set!r} is already registered"
-    elif not ranks or len(set(ranks)) != len(ranks) or \
-            not all(0 <= r < state_.size for r in ranks):
-        problem = f"process set ranks {ranks} must be distinct ranks in 0..{state_.size - 1}"
-    else:
-        for existing in state_.process_sets.values():
-            if existing.ranks == ranks and existing.process_set_id != 0:
-                problem = f"a process set with ranks {ranks} already exists: {existing!r}"
+    problem = _registration_problem(state_, process_set)
+    ranks = list(process_set.ranks or []) if problem is None else []
     _agree(state_, ("add_process_set", ranks, problem))
     sub = manage.Create(manage.Get_group().Incl(ranks))
     process_set.process_set_id = state_.next_process_set_id
@@ -197,12 +187,44 @@ def register_process_set(process_set: Any) -> None:
     state_.process_sets[process_set.process_set_id] = process_set
 
 
+def _registration_problem(state_: _State, process_set: Any) -> str | None:
+    """What this rank alone sees wrong with registering process_set (None: nothing);
+    resolves a set given as a communicator to its world ranks on the way."""
+    from mpi4py import MPI
+    if process_set.process_set_id is not None:
+        return f"{process_set!r} is already registered"
+    source = process_set._comm_source
+    if source is not None:
+        if source == MPI.COMM_NULL:  # comm.Split(MPI.UNDEFINED, ...) gives it
+            return ("its communicator is MPI.COMM_NULL; give every rank a communicator it "
+                    "is in, or pass the same list of ranks on every rank")
+        manage = state_.manage_comm
+        try:
+            process_set.ranks = sorted(MPI.Group.Translate_ranks(
+                source.Get_group(), list(range(source.Get_size())), manage.Get_group()))
+        except MPI.Exception as exc:
+            return f"its communicator cannot be read ({exc})"
+    ranks = list(process_set.ranks or [])
+    if not ranks or len(set(ranks)) != len(ranks) or \
+            not all(0 <= r < state_.size for r in ranks):
+        return f"process set ranks {ranks} must be distinct ranks in 0..{state_.size - 1}"
+    for existing in state_.process_sets.values():
+        if existing.ranks == ranks and existing.process_set_id != 0:
+            return f"a process set with ranks {ranks} already exists: {existing!r}"
+    return None
+
+
 def unregister_process_set(process_set: Any) -> bool:
+    """Stop the set's runtime and forget it (collective); False for a set not registered
+    (on every rank: the ranks agree on that too)."""
     state_ = state()
-    if process_set.process_set_id not in state_.process_sets:
+    set_id = process_set.process_set_id
+    registered = set_id not in (None, 0) and set_id in state_.process_sets
+    problem = "the global process set cannot be removed" if set_id == 0 else None
+    _agree(state_, ("remove_process_set", set_id if registered else None, problem))
+    if not registered:
         return False
-    _agree(state_, ("remove_process_set", process_set.process_set_id, None))
-    state_.process_sets.pop(process_set.process_set_id)
+    state_.process_sets.pop(set_id)
     if process_set.runtime is not None:
         process_set.runtime.shutdown()  # members agree through their own negotiation
         _free_if_finished(process_set.runtime, [process_set.comm])

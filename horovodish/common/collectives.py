@@ -38,6 +38,11 @@ def auto_name(opname: str, process_set: ProcessSet | None = None) -> str:
     return f"{prefix}.noname.{next(_counters[(opname, set_id)])}"
 
 
+def reset_auto_names() -> None:
+    """Number unnamed ops from 0 again: init() does, as every rank re-initializes."""
+    _counters.clear()
+
+
 def resolve(process_set: ProcessSet | None) -> ProcessSet:
     """The set a call runs on; a clear error for a set this rank is not in."""
     basics.state()

@@ -127,6 +127,4 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if not state.dynamic_process_sets:
         raise ValueError("remove_process_set() needs dynamic process sets: call "
                          "hvd.init(process_sets='dynamic').")
-    if process_set is global_process_set:
-        raise ValueError("the global process set cannot be removed")
-    return basics.unregister_process_set(process_set)
+    return basics.unregister_process_set(process_set)  # refuses the global set on every rank

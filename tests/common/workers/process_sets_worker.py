@@ -113,8 +113,18 @@ def main(mode: str) -> None:
         expect(ValueError, lambda: remove_process_set(spare) if rank == 0 else
                add_process_set([0, 2]), "different calls", "rank 0: remove_process_set",
                "rank 1: add_process_set([0, 2])")
+        # A set this rank never registered, or the global set, against a registered one.
+        expect(ValueError, lambda: remove_process_set(spare if rank != 2 else ProcessSet([0, 2])),
+               "different process sets", f"rank 0: {spare.process_set_id}", "rank 2: None")
+        expect(ValueError, lambda: remove_process_set(spare if rank else global_process_set),
+               "rank 0: the global process set cannot be removed")
+        assert remove_process_set(ProcessSet([0, 1])) is False  # on every rank: nothing to do
         remove_process_set(spare)
         remove_process_set(odds)
+        # MPI.COMM_NULL on one rank (Split with MPI.UNDEFINED): every rank raises.
+        lonely = MPI.COMM_WORLD.Split(color=0 if rank < 2 else MPI.UNDEFINED, key=rank)
+        expect(ValueError, lambda: add_process_set(ProcessSet(lonely)), "rank 2: ",
+               "MPI.COMM_NULL")
         # Each rank its own group (Horovod's ProcessSet(comm.Split(...)) pattern).
         halves = add_process_set(ProcessSet(MPI.COMM_WORLD.Split(color=rank % 2, key=rank)))
         assert halves.ranks == ([0, 2] if rank % 2 == 0 else [1]), halves.ranks

@@ -17,12 +17,14 @@ def main() -> None:
     for cycle in range(CYCLES):
         basics.init(process_sets="dynamic")
         rank, size = basics.rank(), basics.size()
-        pair = add_process_set([0, 1])
+        # Other members every other time (ids restart at 1): unnamed ops must still pair.
+        pair = add_process_set(list(range(size)) if cycle % 2 == 0 else [size - 1])
         tensors = [np.full(20000, float(rank + cycle), np.float32) for _ in range(2)]
         handles = collectives.grouped_allreduce_async(tensors, [None, None], ["a", "b"],
                                                       ReduceOp.SUM)
         if pair.included():
-            collectives.allreduce_async(tensors[0].copy(), None, "p", ReduceOp.SUM,
+            collectives.allreduce_async(tensors[0].copy(), None,
+                                        collectives.auto_name("allreduce", pair), ReduceOp.SUM,
                                         process_set=pair).wait()
         want = sum(r + cycle for r in range(size))
         assert all(np.all(h.wait() == want) for h in handles), cycle
