@@ -111,8 +111,7 @@ class Controller:
         # A cached request that waited this long goes to the coordinator so that the
         # stall inspector (which only sees the coordinator's table) can name it.
         self._stall_age = stall.check_time / 2 if stall is not None else float("inf")
-        self.coordinator = (Coordinator(self.size, stall, self.world_ranks) if self.rank == 0
-                            else None)
+        self.coordinator = Coordinator(self.world_ranks, stall) if self.rank == 0 else None
         # Requests not yet negotiated, and those handed to the coordinator (which owns
         # their readiness from then on), by name.
         self._waiting: dict[str, _Waiting] = {}

@@ -46,11 +46,10 @@ def _check_same(name: str, opname: str, what: str, values: dict[int, object]) ->
 
 
 class Coordinator:
-    def __init__(self, size: int, stall: StallInspector | None = None,
-                 world_ranks: Sequence[int] | None = None) -> None:
-        self.size = size
+    def __init__(self, world_ranks: Sequence[int], stall: StallInspector | None = None) -> None:
+        self.size = len(world_ranks)
         # Messages name world ranks: inside a process set, set rank i is world_ranks[i].
-        self.world_ranks = list(world_ranks) if world_ranks is not None else list(range(size))
+        self.world_ranks = list(world_ranks)
         self.stall = stall
         self._table: dict[str, dict[int, Request]] = {}
         self._joined: set[int] = set()

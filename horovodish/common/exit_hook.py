@@ -11,6 +11,7 @@ uncaught exception in a multi-rank job that never initialized horovodish (or who
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from types import TracebackType
@@ -38,11 +39,12 @@ def install(initialized: Callable[[], bool]) -> None:
             return
         world = MPI.COMM_WORLD
         if world.Get_size() > 1:
-            sys.stderr.write(f"horovodish: rank {world.Get_rank()} failed before "
-                             "horovodish.init() completed; aborting the job so that the "
-                             "other ranks do not wait for it.\n")
-            sys.stdout.flush()
-            sys.stderr.flush()
+            with contextlib.suppress(Exception):  # a closed stream must not stop the abort
+                sys.stderr.write(f"horovodish: rank {world.Get_rank()} failed before "
+                                 "horovodish.init() completed; aborting the job so that "
+                                 "the other ranks do not wait for it.\n")
+                sys.stdout.flush()
+                sys.stderr.flush()
             # MPI_Abort kills every rank at once: give mpirun's proxy a moment to forward
             # the traceback first (under load it was lost, and the job ended silently).
             time.sleep(_FORWARD_SECONDS)
