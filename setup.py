@@ -12,6 +12,9 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["horovodish", "horovodish.*"]) + ["horovodish.launcher"],
     package_dir={"horovodish.launcher": "launcher"},
+    # The `horovod` alias package sits in a plain directory, not a subpackage (see
+    # horovodish/compat): shipped as data.
+    package_data={"horovodish.compat": ["alias/horovod/*.py"]},
     install_requires=["numpy>=1.24", "mpi4py>=4.0", "ml_dtypes>=0.3", "cloudpickle>=2.0"],
     extras_require={
         "torch": TORCH,
