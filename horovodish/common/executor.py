@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .backends.adasum import Adasum
-from .backends.base import divide_toward_zero
+from .backends.base import divide_toward_zero, scale_into
 from .backends.shm import SharedMemoryBackend
 from .dtypes import FLOATING, numpy_dtype
 from .entry import Entry, finish_all
@@ -155,7 +155,7 @@ class Executor:
             if failure is not None:
                 raise failure
         if post != 1.0:  # reduced where the caller reads it
-            np.multiply(buf, post, out=buf, casting="unsafe")
+            scale_into(buf, buf, post)
         if single:
             return [mine[0].output]
         return _hand_out(buf, mine, group)
@@ -265,7 +265,7 @@ class Executor:
                 offset += count
             return
         if post != 1.0:
-            np.multiply(buf, post, out=buf, casting="unsafe")
+            scale_into(buf, buf, post)
         self.scatterer.copy_out(buf, [e.output if e is not None else None for e in mine],
                                 counts, sized=True)
 
@@ -302,7 +302,7 @@ class Executor:
             if entry is None:
                 target.fill(0)
             else:
-                np.multiply(entry.tensor.reshape(-1), prescale, out=target, casting="unsafe")
+                scale_into(target, entry.tensor.reshape(-1), prescale)
             offset += count
 
     # -- the rest ---------------------------------------------------------------------
@@ -394,7 +394,7 @@ def _scaled_copy(out: np.ndarray, source: np.ndarray, factor: float) -> None:
         if out is not source:  # adapters pass one array as input and output when in place
             np.copyto(out, source)
     else:
-        np.multiply(source, factor, out=out, casting="unsafe")
+        scale_into(out, source, factor)
 
 
 def _fail(entries: list[Entry | None], error: BaseException) -> None:

@@ -38,6 +38,21 @@ def divide_toward_zero(buf: np.ndarray, divisor: int) -> None:
     buf += inexact & (buf < 0)  # a negative quotient that floor took one too far
 
 
+# Half-precision values are scaled in float32 and rounded once, as Horovod's CPU scaling
+# does (its float16 kernel widens to float); numpy would otherwise multiply in the
+# half type itself and round the factor first. Integers are scaled in float64 and
+# truncated toward zero by the cast back (a float64 product, then C's conversion).
+_WIDEN_TO_FLOAT32 = frozenset({"float16", "bfloat16"})
+
+
+def scale_into(out: np.ndarray, source: np.ndarray, factor: float) -> None:
+    """out = source * factor with Horovod's arithmetic per dtype (out may be source)."""
+    if source.dtype.name in _WIDEN_TO_FLOAT32:
+        np.multiply(source, np.float32(factor), out=out, dtype=np.float32, casting="unsafe")
+    else:
+        np.multiply(source, factor, out=out, casting="unsafe")
+
+
 class Backend(ABC):
     """One way to execute collectives. Runs on the runtime thread only."""
 

@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 from ..messages import ReduceOp, RequestType
 from ..scatter import MIN_OUTPUTS, Scatterer
-from .base import Backend, divide_toward_zero, reduce_ufunc
+from .base import Backend, divide_toward_zero, reduce_ufunc, scale_into
 
 log = logging.getLogger("horovodish")
 
@@ -195,7 +195,7 @@ class SharedMemoryBackend(Backend):
                 if divide_by:
                     divide_toward_zero(reduced, divide_by)
                 if postscale != 1.0:
-                    np.multiply(reduced, postscale, out=reduced, casting="unsafe")
+                    scale_into(reduced, reduced, postscale)
                 window.Sync()
                 barrier()
                 window.Sync()
@@ -259,7 +259,7 @@ def _pack_run(target: np.ndarray, inputs: list[np.ndarray | None], counts: list[
         elif prescale == 1.0:
             np.copyto(part, source.reshape(-1))
         else:
-            np.multiply(source.reshape(-1), prescale, out=part, casting="unsafe")
+            scale_into(part, source.reshape(-1), prescale)
         offset += count
 
 
@@ -273,7 +273,7 @@ def _pack_part(target: np.ndarray, source: np.ndarray | None, low: int, high: in
     if prescale == 1.0:
         np.copyto(target, part)
     else:
-        np.multiply(part, prescale, out=target, casting="unsafe")
+        scale_into(target, part, prescale)
 
 
 def _unpack_part(result: np.ndarray, output: np.ndarray | None, low: int, high: int) -> None:

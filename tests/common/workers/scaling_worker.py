@@ -1,0 +1,106 @@
+"""Prescale and postscale with Horovod's arithmetic, bit for bit, on every path.
+
+The reference is written from Horovod's CPU rule, independently of the runtime: each
+rank's value times the factor, in float32 for float16/bfloat16 and in float64 for
+integers, cast back to the dtype (integers truncate toward zero), then the sum in the
+dtype (two ranks: one rounding, whatever the order); a postscale is applied to the sum
+the same way. Checked for one tensor, a fused group (fusion buffer or shared memory), a
+runtime-owned result and reducescatter, on 2 ranks.
+"""
+from __future__ import annotations
+
+import sys
+
+import ml_dtypes
+import numpy as np
+
+from horovodish.common import basics, collectives
+from horovodish.common.messages import ReduceOp
+
+DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int32, np.int64,
+          np.int8, np.uint8]
+FACTORS = [0.6180339887498949, 0.1234567890123, 3.3]
+
+
+def horovod_scale(values: np.ndarray, factor: float) -> np.ndarray:
+    dtype = values.dtype
+    if dtype in (np.float16, ml_dtypes.bfloat16):
+        wide = values.astype(np.float32) * np.float32(factor)
+    elif np.issubdtype(dtype, np.integer):
+        wide = np.trunc(values.astype(np.float64) * factor)
+    else:
+        wide = values * dtype.type(factor)
+    return wide.astype(dtype)
+
+
+def contribution(rank: int, count: int, dtype, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed * 7 + rank)
+    # 8-bit values stay small enough that scaled sums stay in range (a cast out of range
+    # is undefined in C, so Horovod defines no result for it).
+    high = 15 if np.dtype(dtype).itemsize == 1 else 40
+    low = 0 if dtype == np.uint8 else -high
+    values = rng.integers(low, high, count).astype(np.float64)
+    if np.issubdtype(np.dtype(dtype), np.floating) or dtype == ml_dtypes.bfloat16:
+        values += rng.random(count)  # fractions: rounding of the product matters
+    return values.astype(dtype)
+
+
+def expected(size: int, count: int, dtype, seed: int, pre: float, post: float
+             ) -> np.ndarray:
+    parts = [horovod_scale(contribution(r, count, dtype, seed), pre) for r in range(size)]
+    total = parts[0]
+    for part in parts[1:]:
+        total = (total + part).astype(dtype)
+    return horovod_scale(total, post)
+
+
+def check(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    same = got.astype(np.float64) == want.astype(np.float64)
+    if not same.all():
+        index = int(np.argmin(same))
+        raise AssertionError(f"{what}: element {index} is {got.reshape(-1)[index]!r}, "
+                             f"Horovod's arithmetic gives {want.reshape(-1)[index]!r} "
+                             f"({int((~same).sum())} of {same.size} differ)")
+
+
+def main() -> None:
+    basics.init()
+    rank, size = basics.rank(), basics.size()
+    checks = 0
+    for d, dtype in enumerate(DTYPES):
+        for f, factor in enumerate(FACTORS):
+            for pre, post in [(factor, 1.0), (1.0, factor), (factor, 1.0 / factor)]:
+                seed = (d * 10 + f) * 10 + int(pre == 1.0)
+                tag = f"{np.dtype(dtype).name} pre={pre} post={post}"
+                # One tensor, reduced in its output.
+                value = contribution(rank, 289, dtype, seed)
+                out = np.empty_like(value)
+                collectives.allreduce_async(value, out, f"one.{tag}", ReduceOp.SUM, pre,
+                                            post).wait()
+                check(out, expected(size, 289, dtype, seed, pre, post), f"single {tag}")
+                # A fused group large enough for the shared-memory path, one output
+                # given and one owned by the runtime.
+                counts = [40000, 30000]
+                values = [contribution(rank, c, dtype, seed + 1 + i)
+                          for i, c in enumerate(counts)]
+                outputs = [np.empty_like(values[0]), None]
+                handles = collectives.grouped_allreduce_async(
+                    values, outputs, [f"group.{tag}.{i}" for i in range(2)], ReduceOp.SUM,
+                    pre, post)
+                for i, handle in enumerate(handles):
+                    check(handle.wait(), expected(size, counts[i], dtype, seed + 1 + i, pre,
+                                                  post), f"group {tag} tensor {i}")
+                # Reducescatter: this rank's rows of the sum.
+                rows = contribution(rank, 8 * size, dtype, seed + 5).reshape(2 * size, 4)
+                mine = np.empty((2, 4), rows.dtype)
+                collectives.grouped_reducescatter_async([rows], [mine], [f"rs.{tag}"],
+                                                        ReduceOp.SUM, pre, post)[0].wait()
+                full = expected(size, 8 * size, dtype, seed + 5, pre, post).reshape(-1, 4)
+                check(mine, full[2 * rank:2 * rank + 2], f"reducescatter {tag}")
+                checks += 3
+    sys.stdout.write(f"OK rank {rank} of {size}: {checks} checks\n")
+    basics.shutdown()
+
+
+if __name__ == "__main__":
+    main()
