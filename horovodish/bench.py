@@ -24,7 +24,8 @@ from typing import Callable, ContextManager, Iterator
 import numpy as np
 from mpi4py import MPI
 
-from .common import basics, collectives
+from .common import api
+from .common.api import collectives
 from .common.messages import ReduceOp
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -112,11 +113,11 @@ def many_small(comm: MPI.Comm, count: int = 256, nbytes: int = 16 << 10) -> dict
     with tempfile.TemporaryDirectory() as folder:
         @contextlib.contextmanager
         def timeline() -> Iterator[None]:
-            basics.start_timeline(os.path.join(folder, "timeline.json"))
+            api.start_timeline(os.path.join(folder, "timeline.json"))
             try:
                 yield
             finally:
-                basics.stop_timeline()
+                api.stop_timeline()
 
         times = _alternating({**contenders, "separate": separate, "timeline": ours}, comm,
                              rounds=5, around={"timeline": timeline})
@@ -186,15 +187,15 @@ def idle_cost(comm: MPI.Comm, rounds: int = 16, seconds: float = 0.15) -> dict:
     with_runtime, control, thread_share = [], [], []
 
     def measure(idle: bool) -> float:
-        if idle and not basics.is_initialized():
-            basics.init()
+        if idle and not api.is_initialized():
+            api.init()
             time.sleep(0.05)
-        elif not idle and basics.is_initialized():
-            basics.shutdown()
+        elif not idle and api.is_initialized():
+            api.shutdown()
         comm.Barrier()
         if not idle:
             return _compute_loop(seconds)
-        thread = basics.state().runtime._thread
+        thread = api.state().runtime._thread
         cpu_before, start = _thread_cpu_seconds(thread.native_id), time.perf_counter()
         rate = _compute_loop(seconds)
         thread_share.append((_thread_cpu_seconds(thread.native_id) - cpu_before)
@@ -208,7 +209,7 @@ def idle_cost(comm: MPI.Comm, rounds: int = 16, seconds: float = 0.15) -> dict:
             rates[key] = measure(key == "on")
         with_runtime.append(rates["on"] / rates["off"])
         control.append(rates["off2"] / rates["off"])
-    basics.init()
+    api.init()
     size = comm.Get_size()
 
     def across_ranks(value: float) -> float:
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-bytes", type=int, default=SIZES[-1],
                         help="largest allreduce in the sweep (default 64 MiB)")
     args = parser.parse_args(argv)
-    basics.init()
+    api.init()
     comm = MPI.COMM_WORLD.Dup()
     idle = idle_cost(comm, rounds=args.idle_rounds)
     rows = sweep(comm, [s for s in SIZES if s <= args.max_bytes])
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
                            "idle": idle}, handle, indent=2)
         if args.plot:
             _plot(rows, args.plot)
-    basics.shutdown()
+    api.shutdown()
 
 
 if __name__ == "__main__":

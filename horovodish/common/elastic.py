@@ -15,7 +15,7 @@ import copy
 import functools
 from typing import Any, Callable
 
-from . import basics, objects
+from .api import lifecycle, objects
 from .errors import HorovodInternalError, HostsUpdatedInterrupt
 
 __all__ = ["ObjectState", "State", "run"]
@@ -86,8 +86,8 @@ def _is_internal_error(exc: BaseException) -> bool:
 
 
 def _reset() -> None:
-    basics.shutdown()
-    basics.init()
+    lifecycle.shutdown()
+    lifecycle.init()
 
 
 def run(func: Callable[..., Any],

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ..common import objects
-from ..common.process_sets import ProcessSet, global_process_set
+from ..common.api import objects
+from ..common.api.process_sets import ProcessSet, global_process_set
 from .mpi_ops import broadcast_, public
 
 

@@ -12,9 +12,9 @@ from typing import Any, Collection, Sequence
 import numpy as np
 import tensorflow as tf
 
-from ..common import collectives as core
+from ..common.api import collectives as core
 from ..common.messages import ReduceOp
-from ..common.process_sets import ProcessSet, global_process_set
+from ..common.api.process_sets import ProcessSet, global_process_set
 from .compression import Compression
 from .mpi_ops import _allreduce, _sparse_allreduce
 from .naming import positional_names

@@ -6,7 +6,7 @@ from typing import Any
 import tensorflow as tf
 
 from ..common.messages import ReduceOp
-from ..common.process_sets import ProcessSet, global_process_set
+from ..common.api.process_sets import ProcessSet, global_process_set
 from .compression import Compression
 from .gradient_reduction import GradientReduction
 

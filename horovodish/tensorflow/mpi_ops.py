@@ -13,10 +13,10 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from ..common import basics
-from ..common import collectives as core
+from ..common import api
+from ..common.api import collectives as core
 from ..common.messages import ReduceOp
-from ..common.process_sets import ProcessSet, global_process_set
+from ..common.api.process_sets import ProcessSet, global_process_set
 from . import ops
 from .compression import Compression
 from .naming import op_names
@@ -176,7 +176,7 @@ def _broadcast(tensors: list[tf.Tensor], root_rank: int, names: list[str],
     def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
         reduced = _allreduce(dys, Average, 1.0, 1.0,
                              op_names(None, dys, "broadcast.grad", process_set), process_set)
-        return reduced if basics.rank() == root_rank else [tf.zeros_like(g) for g in reduced]
+        return reduced if api.rank() == root_rank else [tf.zeros_like(g) for g in reduced]
     return _differentiable(lambda xs: ops.broadcast(xs, names, root_rank, process_set),
                            backward, tensors)
 
@@ -271,7 +271,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compre
 def join() -> tf.Tensor:
     """Signal that this rank has no more data; the others' allreduces continue with this
     rank contributing zeros. Returns the rank that joined last, once all have joined."""
-    basics.state()
+    api.state()
     return ops.join()
 
 

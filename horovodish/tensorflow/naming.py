@@ -17,8 +17,8 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from ..common import collectives as core
-from ..common.process_sets import ProcessSet
+from ..common.api import collectives as core
+from ..common.api.process_sets import ProcessSet
 
 _graph_counters: "weakref.WeakKeyDictionary[Any, itertools.count]" = weakref.WeakKeyDictionary()
 

@@ -17,10 +17,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from ..common import collectives as core
-from ..common.handles import Handle
+from ..common.api import collectives as core
+from ..common.runtime.handles import Handle
 from ..common.messages import ReduceOp
-from ..common.process_sets import ProcessSet
+from ..common.api.process_sets import ProcessSet
 
 _SUPPORTED = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
               tf.float32, tf.float64, tf.bool)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..common.messages import ReduceOp
-from ..common.process_sets import ProcessSet, global_process_set
+from ..common.api.process_sets import ProcessSet, global_process_set
 from .compression import Compression
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ..common import basics
-from ..common.process_sets import ProcessSet
+from ..common import api
+from ..common.api.process_sets import ProcessSet
 
 
 def _process_set(process_set_id: int) -> ProcessSet:
-    known = basics.state().process_sets
+    known = api.state().process_sets
     if process_set_id not in known:
         raise ValueError(f"no process set has id {process_set_id}; known ids: "
                          f"{sorted(known)}")
@@ -28,18 +28,18 @@ def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
 
 
 def local_size_op(name: str | None = None) -> tf.Tensor:
-    return tf.constant(basics.local_size(), tf.int32, name=name)
+    return tf.constant(api.local_size(), tf.int32, name=name)
 
 
 def rank_op(name: str | None = None) -> tf.Tensor:
-    return tf.constant(basics.rank(), tf.int32, name=name)
+    return tf.constant(api.rank(), tf.int32, name=name)
 
 
 def local_rank_op(name: str | None = None) -> tf.Tensor:
-    return tf.constant(basics.local_rank(), tf.int32, name=name)
+    return tf.constant(api.local_rank(), tf.int32, name=name)
 
 
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     """1 if this rank belongs to the process set, else 0."""
-    included = basics.rank() in _process_set(process_set_id).ranks
+    included = api.rank() in _process_set(process_set_id).ranks
     return tf.constant(int(included), tf.int32, name=name)

@@ -15,9 +15,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from ..common import collectives as core
+from ..common.api import collectives as core
 from ..common.messages import ReduceOp
-from ..common.process_sets import ProcessSet, global_process_set
+from ..common.api.process_sets import ProcessSet, global_process_set
 from .mpi_ops import _allreduce
 from .naming import op_names
 

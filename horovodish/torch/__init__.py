@@ -4,14 +4,7 @@
     hvd.init()
     total = hvd.allreduce(torch.ones(3), op=hvd.Sum)   # == size() * ones on every rank
 """
-from ..common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                             gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
-                             local_rank, local_size, mpi_built, mpi_enabled,
-                             mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
-                             size, start_timeline, stop_timeline, sycl_built)
-from ..common.errors import HorovodInternalError, HostsUpdatedInterrupt
-from ..common.process_sets import (ProcessSet, add_process_set, global_process_set,
-                                   remove_process_set)
+from ..common.api import *  # noqa: F401,F403  (the names every adapter shares)
 from . import elastic
 from .compression import Compression
 from .buffers import BufferSync, sync_buffers

@@ -13,9 +13,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..common.backends.adasum import is_power_of_two
+from ..common.execution.backends.adasum import is_power_of_two
 from ..common.messages import ReduceOp
-from ..common.process_sets import ProcessSet
+from ..common.api.process_sets import ProcessSet
 from . import mpi_ops
 from .tracked import check_tracked
 

@@ -20,10 +20,10 @@ from typing import Any, Sequence
 
 import torch
 
-from ..common import basics
-from ..common import collectives as core
+from ..common import api
+from ..common.api import collectives as core
 from ..common.messages import ReduceOp
-from ..common.process_sets import ProcessSet
+from ..common.api.process_sets import ProcessSet
 from . import mpi_ops
 
 
@@ -119,7 +119,7 @@ class _Broadcast(torch.autograd.Function):
         root_rank, name, process_set = ctx.args
         reduced = mpi_ops.allreduce(grad, name=f"{name}.grad", op=ReduceOp.AVERAGE,
                                     process_set=process_set)
-        if basics.rank() != root_rank:
+        if api.rank() != root_rank:
             reduced = torch.zeros_like(reduced)
         return reduced, None, None, None
 

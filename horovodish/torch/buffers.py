@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Union
 
 import torch
 
-from ..common.process_sets import ProcessSet, global_process_set
+from ..common.api.process_sets import ProcessSet, global_process_set
 from . import mpi_ops
 from .functions import broadcast_tensors_
 

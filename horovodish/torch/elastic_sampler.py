@@ -24,7 +24,7 @@ from typing import Any, Iterator, Sized
 
 import torch
 
-from ..common import basics
+from ..common import api
 
 
 class ElasticSampler(torch.utils.data.Sampler):
@@ -70,8 +70,8 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def reset(self) -> None:
         """Shard what is left of the epoch over the current ranks."""
-        self.num_replicas = basics.size() if basics.is_initialized() else 1
-        self.rank = basics.rank() if basics.is_initialized() else 0
+        self.num_replicas = api.size() if api.is_initialized() else 1
+        self.rank = api.rank() if api.is_initialized() else 0
         self.remaining_indices = [index for index in range(len(self.dataset))
                                   if index not in self.processed_indices]
         self.num_samples = math.ceil(len(self.remaining_indices) / self.num_replicas)

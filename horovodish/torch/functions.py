@@ -10,9 +10,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from ..common import basics, objects
+from ..common import api
+from ..common.api import objects
 from ..common.errors import HorovodInternalError
-from ..common.process_sets import ProcessSet, global_process_set
+from ..common.api.process_sets import ProcessSet, global_process_set
 from . import mpi_ops
 
 
@@ -35,7 +36,7 @@ def broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, name: st
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
     for tensor in tensors:
         by_dtype[tensor.dtype].append(tensor)
-    is_root = basics.rank() == root_rank
+    is_root = api.rank() == root_rank
     with torch.no_grad():
         for dtype in sorted(by_dtype, key=str):
             group = by_dtype[dtype]
@@ -94,7 +95,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     on a DistributedOptimizer too (it shares its wrapped optimizer's state).
     """
     state_dict = optimizer.state_dict()
-    is_root = basics.rank() == root_rank
+    is_root = api.rank() == root_rank
     shapes = _param_shapes(optimizer)
     layout = _layout(state_dict, shapes) if is_root else None
     layout = objects.broadcast_object(layout, root_rank, "broadcast_optimizer_state.layout",
@@ -166,7 +167,7 @@ def _param_shapes(optimizer: torch.optim.Optimizer) -> list[list[tuple[int, ...]
 def _difference(root: list[list[tuple[int, ...]]], mine: list[list[tuple[int, ...]]],
                 root_rank: int) -> str | None:
     """How this rank's parameters differ from root's (group count, sizes, shapes)."""
-    me = basics.rank()
+    me = api.rank()
     if len(root) != len(mine):
         return f"rank {root_rank} has {len(root)} param groups, rank {me} {len(mine)}"
     for index, (theirs, ours) in enumerate(zip(root, mine)):

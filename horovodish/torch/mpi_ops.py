@@ -11,10 +11,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..common import collectives as core
-from ..common.handles import Handle
+from ..common.api import collectives as core
+from ..common.runtime.handles import Handle
 from ..common.messages import ReduceOp
-from ..common.process_sets import ProcessSet, global_process_set
+from ..common.api.process_sets import ProcessSet, global_process_set
 from . import tensor_views
 from .tensor_views import as_numpy, check_tensor, device_class, empty_allocator, from_numpy
 

@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 
 from ..common.messages import ReduceOp
-from ..common.process_sets import ProcessSet, global_process_set
+from ..common.api.process_sets import ProcessSet, global_process_set
 from . import mpi_ops
 from .buckets import GradientBuckets
 from .compression import Compression

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..common.process_sets import ProcessSet, global_process_set
+from ..common.api.process_sets import ProcessSet, global_process_set
 from . import mpi_ops
 
 class _SyncBatchNorm(torch.autograd.Function):

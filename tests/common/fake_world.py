@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from horovodish.common.controller import Controller, CycleResult, Transport
+from horovodish.common.negotiation.controller import Controller, CycleResult, Transport
 from horovodish.common.messages import Request
 from horovodish.common.stall import StallInspector
 

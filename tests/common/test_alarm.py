@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from horovodish.common.alarm import ConditionAlarm, TimerfdAlarm, _TIMERFD, make_alarm
+from horovodish.common.runtime.alarm import ConditionAlarm, TimerfdAlarm, _TIMERFD, make_alarm
 
 KINDS = [ConditionAlarm] + ([TimerfdAlarm] if _TIMERFD is not None else [])
 

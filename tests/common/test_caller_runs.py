@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from horovodish.common import interrupts
+from horovodish.common.runtime import interrupts
 from multirank import assert_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "caller_runs_worker.py"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from horovodish.common.fusion import FusionBuffers, plan_fusion
+from horovodish.common.execution.fusion import FusionBuffers, plan_fusion
 from horovodish.common.messages import ReduceOp, Request, RequestType, Response
 
 from .fake_world import FakeWorld
@@ -268,7 +268,7 @@ def test_fusion_buffers_are_reused():
 def test_cache_retake_keeps_lru_order_exact():
     """Taking the same entries again skips the LRU moves only while nothing was taken,
     inserted or removed in between."""
-    from horovodish.common.response_cache import ResponseCache
+    from horovodish.common.negotiation.response_cache import ResponseCache
 
     cache = ResponseCache(8)
     for name in "abcd":

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from horovodish.common.process_sets import disagreement
+from horovodish.common.api.process_sets import disagreement
 from multirank import assert_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "process_sets_worker.py"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from horovodish.common import fusion
-from horovodish.common.fusion import ResultBlocks
+from horovodish.common.execution import fusion
+from horovodish.common.execution.fusion import ResultBlocks
 
 F32 = np.dtype(np.float32)
 

@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from horovodish.common.scatter import MIN_OUTPUTS, Scatterer
+from horovodish.common.execution.datatype_copies import MIN_OUTPUTS, Scatterer
 
 
 def _layout(count: int, dtype) -> tuple[list, list[int], np.ndarray]:

@@ -15,15 +15,9 @@ from typing import Any, Sequence
 
 import keras
 
-from ...common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                              gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
-                              local_rank, local_size, mpi_built, mpi_enabled,
-                              mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
-                              size, start_timeline, stop_timeline, sycl_built)
-from ...common.errors import HorovodInternalError
+from ...common import api as _api
+from ...common.api import *  # noqa: F401,F403  (the names every adapter shares)
 from ...common.messages import ReduceOp
-from ...common.process_sets import (ProcessSet, add_process_set, global_process_set,
-                                    remove_process_set)
 from .. import mpi_ops as _ops
 from ..compression import Compression
 from ..functions import allgather_object, broadcast_object, broadcast_variables
@@ -91,16 +85,11 @@ def load_model(filepath: str, custom_optimizers: Sequence[type] | None = None,
     return model
 
 
-__all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError",
-    "Max", "Min", "PartialDistributedOptimizer", "ProcessSet", "Product", "Sum",
-    "SyncBatchNormalization", "add_process_set", "allgather", "allgather_object",
-    "allreduce", "alltoall", "barrier", "broadcast", "broadcast_global_variables",
-    "broadcast_object", "broadcast_variables", "callbacks", "ccl_built", "cross_rank",
-    "cross_size", "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built",
-    "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter",
-    "init", "is_homogeneous", "is_initialized", "join", "load_model", "local_rank",
-    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
-    "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
-    "start_timeline", "stop_timeline", "sycl_built",
+__all__ = [*_api.__all__,
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min",
+    "PartialDistributedOptimizer", "Product", "Sum", "SyncBatchNormalization", "allgather",
+    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast",
+    "broadcast_global_variables", "broadcast_object", "broadcast_variables", "callbacks",
+    "elastic", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "join",
+    "load_model", "reducescatter",
 ]

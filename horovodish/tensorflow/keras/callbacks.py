@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 import keras
 import numpy as np
 
-from ...common import basics
+from ...common import api
 from ..functions import broadcast_variables, check_same_layout
 from ..mpi_ops import Average, allreduce
 
@@ -200,7 +200,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         def multiplier(epoch: float) -> float:
             # Shift by one batch so that the last batch of an epoch ends on a round value.
             epoch += 1.0 / self.steps_per_epoch
-            size = basics.size()
+            size = api.size()
             return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
                          staircase=False, momentum_correction=momentum_correction,
@@ -209,7 +209,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         super().on_epoch_end(epoch, logs)
-        if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and api.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{_learning_rate(self.model.optimizer):g}.")
 
@@ -224,5 +224,5 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
                          save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
 
     def _save_model(self, epoch: int, batch: int | None, logs: dict | None) -> None:
-        if basics.rank() == 0:
+        if api.rank() == 0:
             super()._save_model(epoch, batch, logs)

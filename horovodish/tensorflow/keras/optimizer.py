@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from ...common.messages import ReduceOp
-from ...common.process_sets import ProcessSet, global_process_set
+from ...common.api.process_sets import ProcessSet, global_process_set
 from ..compression import Compression
 from ..gradient_reduction import GradientReduction
 from ..gradient_tape import local_layer_variables

@@ -5,7 +5,8 @@ import sys
 
 import numpy as np
 
-from horovodish.common import basics, collectives
+from horovodish.common import api
+from horovodish.common.api import collectives
 from horovodish.common.messages import ReduceOp
 
 
@@ -27,8 +28,8 @@ def reference(size: int, n: int, seed: int) -> np.ndarray:
 
 
 def main() -> None:
-    basics.init()
-    rank, size = basics.rank(), basics.size()
+    api.init()
+    rank, size = api.rank(), api.size()
     if size & (size - 1):
         try:
             collectives.allreduce_async(np.ones(3), np.ones(3), "bad", ReduceOp.ADASUM)

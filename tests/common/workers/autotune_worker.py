@@ -11,7 +11,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from horovodish.common import basics, collectives
+from horovodish.common import api
+from horovodish.common.api import collectives
 from horovodish.common.autotune import Autotuner, Params
 from horovodish.common.messages import ReduceOp
 
@@ -36,8 +37,8 @@ def throughput(tensors: list[np.ndarray], steps: int = 40) -> float:
 
 
 def main(log_path: str) -> None:
-    basics.init()
-    state = basics.state()
+    api.init()
+    state = api.state()
     # The test's own agreement uses COMM_WORLD: the runtime's communicator belongs to its
     # thread, and a second thread's collective on it would interleave with negotiation.
     world = MPI.COMM_WORLD

@@ -29,9 +29,10 @@ import time
 
 import numpy as np
 
-from horovodish.common import basics, collectives
+from horovodish.common import api
+from horovodish.common.api import collectives
 from horovodish.common.messages import ReduceOp
-from horovodish.common.process_sets import global_process_set
+from horovodish.common.api.process_sets import global_process_set
 
 
 def submit(name: str, rank: int, count: int = 1000):
@@ -45,7 +46,7 @@ def expected(size: int, count: int = 1000) -> np.ndarray:
 
 def check(cond: bool, what: str) -> None:
     if not cond:
-        sys.stdout.write(f"FAILED rank {basics.rank()}: {what}\n")
+        sys.stdout.write(f"FAILED rank {api.rank()}: {what}\n")
         sys.exit(1)
 
 
@@ -160,7 +161,7 @@ def sigint(rank: int, size: int) -> None:
     for step in range(5):  # still in step afterwards
         got = submit(f"after.{step}", rank).wait()
         check(np.array_equal(got, expected(size)), f"after.{step}")
-    from horovodish.common import interrupts
+    from horovodish.common.runtime import interrupts
     check(interrupts.depth == 0, f"critical sections unbalanced: {interrupts.depth}")
 
 
@@ -168,7 +169,7 @@ def storm(rank: int, size: int) -> None:
     """One rank alone: SIGINTs every 0-200 us while the main thread runs cycles. Every
     KeyboardInterrupt must leave the critical sections balanced (a signal handled as a
     section began once left the count at -1, after which Ctrl-C was mishandled)."""
-    from horovodish.common import interrupts
+    from horovodish.common.runtime import interrupts
 
     runtime = global_process_set.runtime
     sys.setswitchinterval(1e-5)  # signals handled at finer points (found the race sooner)
@@ -279,7 +280,7 @@ def _sigint_in_library_only():
     signal that arrives outside the library: a storm test's loop has to survive a
     KeyboardInterrupt anywhere in the library, and could not survive one in its own
     except clauses. Returns a function that puts the plain handler back."""
-    from horovodish.common import interrupts
+    from horovodish.common.runtime import interrupts
 
     library_handler = interrupts._on_sigint
 
@@ -303,7 +304,7 @@ def app_storm(rank: int, size: int) -> None:
     break the runtime (a Condition's wait, interrupted between dropping and re-taking
     its lock, made the caller release a lock it did not hold: RuntimeError).
     """
-    from horovodish.common import interrupts
+    from horovodish.common.runtime import interrupts
 
     def own(signum, frame):  # raise in library code only: this loop must stay intact
         if _in_library(frame):
@@ -348,7 +349,7 @@ def shared_storm(rank: int, size: int) -> None:
     """
     from mpi4py import MPI
 
-    from horovodish.common import interrupts
+    from horovodish.common.runtime import interrupts
 
     runtime = global_process_set.runtime
     steps = 1500
@@ -439,7 +440,7 @@ def quiet(rank: int, size: int) -> None:
 def thread_failure(rank: int, size: int) -> None:
     """A cycle that fails on the runtime thread stops the runtime before the driver
     lock is free: no caller may start a cycle after one abandoned midway."""
-    from horovodish.common import runtime as runtime_module
+    from horovodish.common.runtime import thread as runtime_module
     from horovodish.common.errors import HorovodInternalError
 
     runtime = global_process_set.runtime
@@ -478,12 +479,12 @@ def thread_failure(rank: int, size: int) -> None:
 
 
 def main(mode: str) -> None:
-    basics.init()
-    rank, size = basics.rank(), basics.size()
+    api.init()
+    rank, size = api.rank(), api.size()
     {"late": late, "sigint": sigint, "storm": storm, "idle": idle, "quiet": quiet,
      "app_storm": app_storm, "shared_storm": shared_storm,
      "thread_failure": thread_failure}[mode](rank, size)
-    basics.shutdown()
+    api.shutdown()
     sys.stdout.write(f"rank {rank} ok\n")
 
 

@@ -5,13 +5,14 @@ import sys
 
 import numpy as np
 
-from horovodish.common import basics, collectives
+from horovodish.common import api
+from horovodish.common.api import collectives
 from horovodish.common.messages import ReduceOp
 
 
 def main() -> None:
-    basics.init()
-    rank, size = basics.rank(), basics.size()
+    api.init()
+    rank, size = api.rank(), api.size()
     value = np.full((500, 100), float(rank + 1), np.float32)
     want = float(sum(r + 1 for r in range(size)))
     for bad, what in [(np.empty((100, 500), np.float32), "shape (100, 500)"),
@@ -31,7 +32,7 @@ def main() -> None:
     owned, given = (h.wait() for h in handles)
     assert np.all(owned == want) and given is strided and np.all(strided == want), strided[:2]
     sys.stdout.write(f"OK rank {rank} of {size}\n")
-    basics.shutdown()
+    api.shutdown()
 
 
 if __name__ == "__main__":

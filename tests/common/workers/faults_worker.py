@@ -17,9 +17,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from horovodish.common import basics, collectives
+from horovodish.common import api
+from horovodish.common.api import collectives
 from horovodish.common.messages import ReduceOp
-from horovodish.common.process_sets import add_process_set
+from horovodish.common.api import add_process_set
 
 
 def allreduce(value: float, name: str) -> np.ndarray:
@@ -30,8 +31,8 @@ def allreduce(value: float, name: str) -> np.ndarray:
 def main(mode: str) -> None:
     if mode == "raise_before_init" and MPI.COMM_WORLD.Get_rank() == 1:
         raise FileNotFoundError("deliberate failure before init on rank 1")
-    basics.init(process_sets="dynamic")
-    rank, size = basics.rank(), basics.size()
+    api.init(process_sets="dynamic")
+    rank, size = api.rank(), api.size()
     if mode == "raise_before_add":
         allreduce(1.0, "warm")
         if rank == 1:
@@ -57,7 +58,7 @@ def main(mode: str) -> None:
     if mode.startswith("internal"):
         allreduce(1.0, "before")
         if rank == 0:
-            runtime = basics.state().runtime
+            runtime = api.state().runtime
 
             def failing_finish(steps):
                 raise RuntimeError("injected runtime failure")

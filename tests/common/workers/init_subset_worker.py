@@ -7,24 +7,25 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from horovodish.common import basics, collectives
+from horovodish.common import api
+from horovodish.common.api import collectives
 from horovodish.common.messages import ReduceOp
 
 
 def main() -> None:
     world_rank = MPI.COMM_WORLD.Get_rank()
     try:
-        basics.init(comm=[0, 1])
+        api.init(comm=[0, 1])
     except ValueError as exc:
         assert world_rank == 2 and "not in the list" in str(exc) and "[0, 1]" in str(exc), exc
-        assert not basics.is_initialized()
+        assert not api.is_initialized()
         sys.stdout.write(f"OK rank {world_rank}: {exc}\n")
         return
-    assert world_rank in (0, 1) and basics.size() == 2 and basics.rank() == world_rank
+    assert world_rank in (0, 1) and api.size() == 2 and api.rank() == world_rank
     got = collectives.allreduce_async(np.full(3, world_rank + 1.0), None, "subset",
                                       ReduceOp.SUM).wait()
     assert np.array_equal(got, np.full(3, 3.0)), got
-    basics.shutdown()
+    api.shutdown()
     sys.stdout.write(f"OK rank {world_rank}\n")
 
 

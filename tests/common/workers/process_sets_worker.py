@@ -6,11 +6,11 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from horovodish.common import basics, collectives, objects
+from horovodish.common import api
+from horovodish.common.api import (ProcessSet, add_process_set, collectives,
+                                   global_process_set, objects, remove_process_set)
 from horovodish.common.errors import HorovodInternalError
 from horovodish.common.messages import ReduceOp
-from horovodish.common.process_sets import (ProcessSet, add_process_set, global_process_set,
-                                            remove_process_set)
 
 
 def alloc(dtype):
@@ -66,8 +66,8 @@ def expect(exc_type, fn, *needles):
 
 def main(mode: str) -> None:
     evens_static = ProcessSet([0, 2])
-    basics.init(process_sets="dynamic" if mode == "dynamic" else [evens_static])
-    rank, size = basics.rank(), basics.size()
+    api.init(process_sets="dynamic" if mode == "dynamic" else [evens_static])
+    rank, size = api.rank(), api.size()
     if mode == "static":
         evens = evens_static
         odds = None

@@ -6,17 +6,18 @@ import sys
 
 import numpy as np
 
-from horovodish.common import basics, collectives
+from horovodish.common import api
+from horovodish.common.api import collectives
 from horovodish.common.messages import ReduceOp
-from horovodish.common.process_sets import add_process_set, remove_process_set
+from horovodish.common.api import add_process_set, remove_process_set
 
 CYCLES = 500  # ~8 communicators each before they were freed: exhausted by ~300
 
 
 def main() -> None:
     for cycle in range(CYCLES):
-        basics.init(process_sets="dynamic")
-        rank, size = basics.rank(), basics.size()
+        api.init(process_sets="dynamic")
+        rank, size = api.rank(), api.size()
         # Other members every other time (ids restart at 1): unnamed ops must still pair.
         pair = add_process_set(list(range(size)) if cycle % 2 == 0 else [size - 1])
         tensors = [np.full(20000, float(rank + cycle), np.float32) for _ in range(2)]
@@ -29,7 +30,7 @@ def main() -> None:
         want = sum(r + cycle for r in range(size))
         assert all(np.all(h.wait() == want) for h in handles), cycle
         remove_process_set(pair)
-        basics.shutdown()
+        api.shutdown()
     sys.stdout.write(f"OK rank {rank} of {size}: {CYCLES} cycles\n")
 
 

@@ -14,7 +14,8 @@ import sys
 import ml_dtypes
 import numpy as np
 
-from horovodish.common import basics, collectives
+from horovodish.common import api
+from horovodish.common.api import collectives
 from horovodish.common.messages import ReduceOp
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int32, np.int64,
@@ -64,8 +65,8 @@ def check(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 
 def main() -> None:
-    basics.init()
-    rank, size = basics.rank(), basics.size()
+    api.init()
+    rank, size = api.rank(), api.size()
     checks = 0
     for d, dtype in enumerate(DTYPES):
         for f, factor in enumerate(FACTORS):
@@ -99,7 +100,7 @@ def main() -> None:
                 check(mine, full[2 * rank:2 * rank + 2], f"reducescatter {tag}")
                 checks += 3
     sys.stdout.write(f"OK rank {rank} of {size}: {checks} checks\n")
-    basics.shutdown()
+    api.shutdown()
 
 
 if __name__ == "__main__":

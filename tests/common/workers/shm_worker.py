@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
-from horovodish.common.backends.shm import SharedMemoryBackend, _plan
+from horovodish.common.execution.backends.shm import SharedMemoryBackend, _plan
 from horovodish.common.messages import ReduceOp
 
 PIECE_BYTES = 4096

@@ -7,7 +7,8 @@ import time
 
 import numpy as np
 
-from horovodish.common import basics, collectives
+from horovodish.common import api
+from horovodish.common.api import collectives
 from horovodish.common.messages import ReduceOp
 
 
@@ -34,14 +35,14 @@ def main(mode: str, path: str) -> None:
     if mode == "unwritable":  # every rank gets rank 0's error from init(), none hangs
         from mpi4py import MPI
         try:
-            basics.init()
+            api.init()
         except ValueError as exc:
             assert "cannot write the timeline file" in str(exc) and path in str(exc), exc
             sys.stdout.write(f"OK rank {MPI.COMM_WORLD.Get_rank()}\n")
             return
         raise AssertionError("init() with an unwritable timeline path did not raise")
-    basics.init()
-    rank = basics.rank()
+    api.init()
+    rank = api.rank()
     if mode == "env":
         for _ in range(3):
             step("env")
@@ -57,19 +58,19 @@ def main(mode: str, path: str) -> None:
                 "no readiness mark for rank 1"
     elif mode == "dynamic":
         step("before")
-        basics.start_timeline(path)
+        api.start_timeline(path)
         step("during")
-        basics.stop_timeline()
+        api.stop_timeline()
         step("after")
         if rank == 0:
             phases = rows(path)
             assert "during.grad0" in phases and "before.grad0" not in phases \
                 and "after.grad0" not in phases, sorted(phases)
         else:
-            assert basics.state().runtime.timeline is None, "only rank 0 records"
+            assert api.state().runtime.timeline is None, "only rank 0 records"
     elif mode == "off":
         step("off")
-    basics.shutdown()
+    api.shutdown()
     if rank == 0 and mode == "env":
         assert "env2.grad0" in rows(path)  # still valid after shutdown
     sys.stdout.write(f"OK rank {rank}\n")

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import horovodish.torch as hvd
-from horovodish.common import collectives as core
+from horovodish.common.api import collectives as core
 from worker_support import check, run
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,

@@ -2,11 +2,13 @@
 
 Each set negotiates on its own: it has its own communicator, runtime thread, coordinator
 (the set's lowest rank), response cache and queue, so sets make progress independently.
-Creating and removing sets is collective over all ranks, as in Horovod.
+Creating and removing sets is collective over all ranks, as in Horovod (lifecycle.py).
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+from . import process_state
 
 
 class ProcessSet:
@@ -34,8 +36,7 @@ class ProcessSet:
 
     def _require_registered(self) -> None:
         if self.process_set_id is None:
-            from . import basics
-            basics.state()  # before init(): the error that says to call it
+            process_state.state()  # before init(): the error that says to call it
             raise ValueError(f"{self!r} is not registered: pass it to hvd.init(process_sets=...) "
                              "or call hvd.add_process_set() first.")
 
@@ -46,14 +47,12 @@ class ProcessSet:
     def rank(self) -> int:
         """This process's rank within the set, or -1 if it is not a member."""
         self._require_registered()
-        from . import basics
-        me = basics.rank()
+        me = process_state.rank()
         return self.ranks.index(me) if me in self.ranks else -1
 
     def included(self) -> bool:
         self._require_registered()
-        from . import basics
-        return basics.rank() in self.ranks
+        return process_state.rank() in self.ranks
 
     def set_rank_of(self, world_rank: int, what: str) -> int:
         """A world rank (as users pass root_rank) as a rank within this set."""
@@ -102,29 +101,3 @@ def disagreement(proposals: Sequence[Proposal]) -> str | None:
                 "too.")
     return f"the ranks passed different process sets (ids: {said}); every rank passes the " \
            "same set."
-
-
-def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
-    """Register a new set (collective: every rank calls it, in the same order).
-
-    Needs ``init(process_sets="dynamic")`` or HOROVODISH_DYNAMIC_PROCESS_SETS=1.
-    """
-    from . import basics
-    state = basics.state()
-    if not state.dynamic_process_sets:
-        raise ValueError("add_process_set() needs dynamic process sets: call "
-                         "hvd.init(process_sets='dynamic') or set HOROVODISH_DYNAMIC_PROCESS_SETS=1.")
-    if not isinstance(process_set, ProcessSet):
-        process_set = ProcessSet(process_set)
-    basics.register_process_set(process_set)
-    return process_set
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister a set and stop its runtime (collective over all ranks)."""
-    from . import basics
-    state = basics.state()
-    if not state.dynamic_process_sets:
-        raise ValueError("remove_process_set() needs dynamic process sets: call "
-                         "hvd.init(process_sets='dynamic').")
-    return basics.unregister_process_set(process_set)  # refuses the global set on every rank

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Sequence
 
-from .messages import ReduceOp, Request, RequestType, Response
-from .stall import StallInspector
-from .timeline import Timeline
+from ..messages import ReduceOp, Request, RequestType, Response
+from ..stall import StallInspector
+from ..timeline import Timeline
 
 JOIN_NAME = "join"
 

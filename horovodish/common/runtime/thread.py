@@ -30,15 +30,15 @@ from typing import Callable, Generator
 
 from . import interrupts
 from .alarm import make_alarm
-from .controller import Controller, CycleResult, Pending, finish_cycle
+from ..negotiation.controller import Controller, CycleResult, Pending, finish_cycle
 from .entry import Entry
-from .errors import HorovodInternalError
-from .executor import Executor
-from .fusion import FusionPlanner
+from ..errors import HorovodInternalError
+from ..execution.executor import Executor
+from ..execution.fusion import FusionPlanner
 from .handles import Completions, Handle
-from .autotune import Autotuner
-from .messages import RequestType
-from .timeline import Timeline
+from ..autotune import Autotuner
+from ..messages import RequestType
+from ..timeline import Timeline
 
 log = logging.getLogger("horovodish")
 
@@ -441,7 +441,7 @@ class Runtime:
         after the negotiation that agreed on it), and MPI cannot take a collective back:
         they, and this rank's own MPI_Finalize, would wait forever. So the job is
         aborted once this rank's script had the grace period to report the error, or
-        at once when it shuts down (``shutdown`` in basics.py)."""
+        at once when it shuts down (``shutdown`` in api/lifecycle.py)."""
         with self._lock:
             first = not self._stopped
             self.failed = self.failed or first  # (not when it had stopped cleanly)

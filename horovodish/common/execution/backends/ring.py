@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..dtypes import MPI_REDUCIBLE
-from ..messages import ReduceOp, RequestType
+from ...dtypes import MPI_REDUCIBLE
+from ...messages import ReduceOp, RequestType
 from .base import Backend, reduce_ufunc
 
 _CHUNK_BYTES = 4 << 20

@@ -12,12 +12,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import basics
-from .backends.adasum import is_power_of_two
-from .dtypes import check_reduction, dtype_name, known_dtype_name
-from .entry import Entry
-from .handles import Handle
-from .messages import ReduceOp, Request, RequestType
+from .process_state import rank, state
+from ..execution.backends.adasum import is_power_of_two
+from ..dtypes import check_reduction, dtype_name, known_dtype_name
+from ..runtime.entry import Entry
+from ..runtime.handles import Handle
+from ..messages import ReduceOp, Request, RequestType
 from .process_sets import ProcessSet, global_process_set
 
 Allocator = Callable[[tuple[int, ...]], np.ndarray]
@@ -45,12 +45,12 @@ def reset_auto_names() -> None:
 
 def resolve(process_set: ProcessSet | None) -> ProcessSet:
     """The set a call runs on; a clear error for a set this rank is not in."""
-    basics.state()
+    state()
     if process_set is None or process_set is global_process_set:
         return global_process_set
     process_set._require_registered()
     if process_set.runtime is None:
-        raise ValueError(f"rank {basics.rank()} is not a member of process set "
+        raise ValueError(f"rank {rank()} is not a member of process set "
                          f"{process_set.ranks}; only its members may run collectives on it.")
     return process_set
 
@@ -177,7 +177,7 @@ def broadcast_async(tensor: np.ndarray, output: np.ndarray, root_rank: int, name
                     device: str = "cpu", process_set: ProcessSet | None = None) -> Handle:
     """root_rank is a world rank (as in Horovod), also for a process set."""
     process_set = resolve(process_set)
-    size = basics.state().size
+    size = state().size
     if not 0 <= int(root_rank) < size:
         raise ValueError(f"broadcast of tensor '{name}': root_rank {root_rank} is out of range "
                          f"for {size} ranks (valid: 0..{size - 1}).")
@@ -247,7 +247,7 @@ def barrier_async(process_set: ProcessSet | None = None) -> Handle:
 
 def join_async() -> Handle:
     """Join runs on the global set (as in Horovod)."""
-    from .coordinator import JOIN_NAME
+    from ..negotiation.coordinator import JOIN_NAME
     process_set = resolve(None)
     request = Request(name=JOIN_NAME, type=RequestType.JOIN, dtype="uint8", shape=())
     return _submit([Entry(request, None, process_set.runtime.completions)],

@@ -6,7 +6,9 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from . import basics, collectives
+from . import collectives
+
+from .process_state import rank, state
 from .process_sets import ProcessSet
 
 
@@ -15,7 +17,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     """root_rank's obj on every rank (cloudpickle, so lambdas and closures travel too)."""
     process_set = collectives.resolve(process_set)
     name = name or collectives.auto_name("broadcast_object", process_set)
-    is_root = basics.rank() == root_rank
+    is_root = rank() == root_rank
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if is_root \
         else np.empty(0, dtype=np.uint8)
     length = np.array([payload.size], dtype=np.int64)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..dtypes import MPI_REDUCIBLE
-from ..messages import ReduceOp, RequestType
+from ...dtypes import MPI_REDUCIBLE
+from ...messages import ReduceOp, RequestType
 from .base import Backend
 
 _MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,

@@ -26,8 +26,8 @@ from typing import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..messages import ReduceOp, RequestType
-from ..scatter import MIN_OUTPUTS, Scatterer
+from ...messages import ReduceOp, RequestType
+from ..datatype_copies import MIN_OUTPUTS, Scatterer
 from .base import Backend, divide_toward_zero, reduce_ufunc, scale_into
 
 log = logging.getLogger("horovodish")

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from .messages import RequestType, Response
+from ..messages import RequestType, Response
 
 
 def plan_fusion(responses: list[Response], threshold: int) -> list[list[Response]]:

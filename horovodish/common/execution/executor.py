@@ -16,14 +16,14 @@ import numpy as np
 from .backends.adasum import Adasum
 from .backends.base import divide_toward_zero, scale_into
 from .backends.shm import SharedMemoryBackend
-from .dtypes import FLOATING, numpy_dtype
-from .entry import Entry, finish_all
-from .errors import HorovodInternalError
+from ..dtypes import FLOATING, numpy_dtype
+from ..runtime.entry import Entry, finish_all
+from ..errors import HorovodInternalError
 from .fusion import FusionBuffers, ResultBlocks
-from .messages import ReduceOp, RequestType, Response
+from ..messages import ReduceOp, RequestType, Response
 from .operations import OperationManager
-from .scatter import MIN_OUTPUTS, Scatterer
-from .timeline import Timeline, now_us
+from .datatype_copies import MIN_OUTPUTS, Scatterer
+from ..timeline import Timeline, now_us
 
 
 class _CopyFailed(Exception):

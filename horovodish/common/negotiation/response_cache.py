@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from .messages import Request, Response
+from ..messages import Request, Response
 
 
 @dataclass(slots=True)

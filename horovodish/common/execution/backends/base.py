@@ -5,7 +5,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from ..messages import ReduceOp, RequestType
+from ...messages import ReduceOp, RequestType
 
 REDUCE_UFUNC = {
     ReduceOp.SUM: np.add,

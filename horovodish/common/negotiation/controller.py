@@ -24,10 +24,10 @@ from typing import Any, Callable, Generator, Sequence
 import numpy as np
 
 from .coordinator import Coordinator
-from .messages import Request, RequestType, Response
+from ..messages import Request, RequestType, Response
 from .response_cache import CachedResponse, ResponseCache
-from .stall import StallInspector
-from .timeline import Timeline
+from ..stall import StallInspector
+from ..timeline import Timeline
 
 FLAG_UNCACHED = 1
 FLAG_SHUTDOWN = 2

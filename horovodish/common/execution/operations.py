@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .backends.base import Backend
-from .messages import RequestType
+from ..messages import RequestType
 
 
 class OperationManager:

@@ -1,0 +1,81 @@
+"""Assembling one runtime: its controller, transport, backends, executor and thread.
+
+One per process set (the global set included); the API's lifecycle calls it, and it is
+the only place that knows every stage's class.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from mpi4py import MPI
+
+from ..autotune import Autotuner, Params
+from ..config import Config
+from ..execution.backends.adasum import Adasum
+from ..execution.backends.mpi import MPIBackend
+from ..execution.backends.ring import RingBackend
+from ..execution.backends.shm import SharedMemoryBackend
+from ..execution.executor import Executor
+from ..execution.operations import OperationManager
+from ..negotiation.controller import Controller
+from ..negotiation.mpi_transport import MPITransport
+from ..stall import StallInspector
+from .thread import Runtime
+
+
+def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
+                  world_ranks: list[int] | None = None) -> Any:
+    """A runtime thread with its own controller, coordinator, cache and backends on comm.
+
+    world_ranks: for a process set, the world rank of each set rank (what messages say)."""
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    timeline = record_timeline and config.timeline and config.timeline.upper() != "DYNAMIC"
+    _check_files(comm, [("timeline", config.timeline if timeline else None),
+                        ("autotune log", config.autotune_log if config.autotune else None)])
+    stall = None
+    if not config.stall_check_disable and size > 1:
+        stall = StallInspector(size, config.stall_check_time, config.stall_shutdown_time,
+                               world_ranks=world_ranks)
+    backends = [SharedMemoryBackend(comm, config.cpu_operations, world_ranks=world_ranks),
+                RingBackend(comm, config.ring_threshold, config.cpu_operations),
+                MPIBackend(comm)]
+    controller = Controller(MPITransport(comm), config.cache_capacity, stall,
+                            world_ranks=world_ranks)
+    executor = Executor(OperationManager(backends), rank, size, Adasum(comm))
+    # A blocked caller runs cycles itself, so MPI is called from its thread too.
+    caller_runs = config.caller_runs and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,
+                      stall_message=(lambda: stall.last_report) if stall else None,
+                      caller_runs=caller_runs)
+    if config.autotune and rank == 0:
+        runtime.autotuner = Autotuner(
+            Params(config.fusion_threshold, config.cycle_time_ms),
+            tune_fusion="FUSION_THRESHOLD" not in config.explicit,
+            tune_cycle="CYCLE_TIME" not in config.explicit, log_path=config.autotune_log)
+    if timeline:
+        runtime.start_timeline(config.timeline, config.timeline_mark_cycles)
+    return runtime
+
+
+def _check_files(comm: Any, files: list[tuple[str, str | None]]) -> None:
+    """Open the files rank 0 will write before anything collective starts, and raise the
+    same ValueError on every rank if one fails: a bad path raised on rank 0 alone, after
+    its runtime thread had started, and the other ranks waited in init() for good."""
+    paths = [(what, path) for what, path in files if path]
+    if not paths:  # (the same configuration on every rank: all skip the broadcast)
+        return
+    error = None
+    if comm.Get_rank() == 0:
+        for what, path in paths:
+            try:
+                with open(path, "a"):
+                    pass
+            except OSError as exc:
+                error = f"cannot write the {what} file {path!r} on rank 0: {exc.strerror or exc}"
+                break
+    error = comm.bcast(error, root=0)
+    if error is not None:
+        raise ValueError(error)
+
+

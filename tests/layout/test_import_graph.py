@@ -1,0 +1,140 @@
+"""The package's import graph: one-way chains, and every module importable on its own.
+
+Why: modules that import each other only work when imported in one order, and hide that
+with imports inside functions; a reader then cannot tell which layer a module sits in.
+The graph is read from the source (ast), every import counted wherever it sits, so an
+import moved into a function to dodge a cycle is still a cycle here.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"horovodish": ROOT / "horovodish", "horovodish.launcher": ROOT / "launcher"}
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the package by dotted name (package __init__ under its package)."""
+    modules = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            relative = path.relative_to(folder).with_suffix("")
+            parts = [p for p in relative.parts if p != "__init__"]
+            if "alias" in parts:  # horovodish/compat/alias: the `horovod` name, not ours
+                continue
+            name = ".".join([package, *parts])
+            if package == "horovodish" and parts[:1] == ["launcher"]:
+                continue
+            modules[name] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that this module imports, anywhere in its body."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            # `from pkg import sub` imports the submodule; `from mod import name` the module.
+            targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules
+                       else source for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10000)
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def describe(component: list[str], graph: dict[str, set[str]]) -> str:
+    members = set(component)
+    edges = [f"  {a} -> {b}" for a in component for b in sorted(graph[a] & members)]
+    return "\n".join([", ".join(component), *edges])
+
+
+def test_the_checker_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert len(graph) > 50, sorted(graph)  # the walk found the package
+    found = cycles(graph)
+    assert not found, "import cycles (a -> b: a imports b):\n" + \
+        "\n\n".join(describe(c, graph) for c in found)
+
+
+CORE_AND_LAUNCHER = [name for name in sorted(module_files())
+                     if not name.startswith(("horovodish.torch", "horovodish.tensorflow",
+                                             "horovodish.keras"))]
+
+
+def test_every_core_module_imports_first_in_a_fresh_interpreter():
+    """Each module imported first, alone: an order-dependent import fails here."""
+    script = "; ".join(f"__import__({name!r})" for name in ["sys"])
+    failures = []
+    for name in CORE_AND_LAUNCHER:
+        result = subprocess.run([sys.executable, "-c", f"import {name}"],
+                                capture_output=True, text=True, timeout=120)
+        if result.returncode:
+            failures.append(f"{name}: {result.stderr.strip().splitlines()[-1]}")
+    assert not failures, "\n".join(failures)
