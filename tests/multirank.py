@@ -1,4 +1,5 @@
-"""The one way tests start multi-rank jobs: ``run_ranks`` + ``assert_ok``.
+"""The one way tests start multi-rank jobs: ``run_ranks``, then ``assert_ranks_ok``
+for workers written with tests/worker_support.py (or ``assert_ok`` for a bare exit code).
 
 Why one helper: every multi-rank test then goes through the real launcher (so the launcher
 is exercised everywhere), gets unbuffered, interleaved stdout+stderr for its failure
@@ -21,6 +22,7 @@ writes the text and the newline separately, and two ranks' lines can then mix.)
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -64,11 +66,42 @@ def assert_ok(result: subprocess.CompletedProcess) -> None:
         f"--- output ---\n{result.stdout}")
 
 
+_CHECK_LINE = re.compile(r"^CHECK (\S+) rank (\d+)/(\d+): (ok|FAILED)(?:: (.*)| \(.*\))?$",
+                         re.MULTILINE)
+_DONE_LINE = re.compile(r"^DONE rank (\d+)/(\d+): (\d+) passed, (\d+) failed$", re.MULTILINE)
+
+
+def assert_ranks_ok(result: subprocess.CompletedProcess, np: int,
+                    checks: Sequence[str] = ()) -> None:
+    """Every rank of a worker using tests/worker_support.py ran every check and each
+    passed. The failure message lists each failed or missing check by name and rank,
+    then the job's whole output."""
+    reports = {(name, int(rank)): (status, detail or "")
+               for name, rank, _, status, detail in _CHECK_LINE.findall(result.stdout)}
+    done = {int(rank) for rank, *_ in _DONE_LINE.findall(result.stdout)}
+    names = list(dict.fromkeys([*checks, *(name for name, _ in reports)]))
+    problems = []
+    for name in names:
+        for rank in range(np):
+            status, detail = reports.get((name, rank), ("missing", ""))
+            if status != "ok":
+                problems.append(f"  {name} on rank {rank}: {status}"
+                                + (f": {detail}" if detail else ""))
+    problems += [f"  rank {rank} did not finish its checks" for rank in range(np)
+                 if rank not in done]
+    if not names:
+        problems.append("  no check reported at all")
+    if result.returncode != 0 and not problems:
+        problems.append(f"  the job exited with code {result.returncode}")
+    assert not problems, ("checks failed:\n" + "\n".join(problems)
+                          + f"\n--- command ---\n{' '.join(map(str, result.args))}"
+                          + f"\n--- output ---\n{result.stdout}")
+
+
 def assert_digits_example(result: subprocess.CompletedProcess, np: int,
                           accuracy: float = 0.95) -> None:
     """A digits example ran on np ranks, rank 0 alone printed its accuracy, and it is
     at least ``accuracy``."""
-    import re
     assert_ok(result)
     lines = re.findall(r"^test accuracy: (\d\.\d+)$", result.stdout, re.MULTILINE)
     assert len(lines) == 1, f"rank 0 alone must print the accuracy once:\n{result.stdout}"
@@ -79,7 +112,6 @@ def assert_digits_example(result: subprocess.CompletedProcess, np: int,
 
 def assert_synthetic_benchmark(script: str | Path) -> None:
     """A synthetic benchmark example runs briefly on 2 ranks and prints its total rate."""
-    import re
     result = run_ranks(script, 2, args=["--model", "mlp", "--num-warmup-batches", "1",
                                         "--num-batches-per-iter", "2", "--num-iters", "2",
                                         "--fp16-allreduce"], timeout=120)

@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from horovodish.common.negotiation.controller import Controller, CycleResult, Transport
+from horovodish.common.negotiation.controller import Controller, CycleResult
+from horovodish.common.negotiation.transport import Transport
 from horovodish.common.messages import Request
 from horovodish.common.stall import StallInspector
 

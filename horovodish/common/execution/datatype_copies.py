@@ -1,4 +1,4 @@
-"""Copying a fused buffer out to many outputs in one C call.
+"""Local copies between one flat buffer and many arrays, in one C call each.
 
 Unpacking 256 small tensors one np.copyto at a time costs ~1.4 us of Python per tensor,
 about twice the copying itself when two ranks share the memory bus. An MPI datatype
@@ -15,8 +15,9 @@ from mpi4py import MPI
 MIN_OUTPUTS = 16
 
 
-class Scatterer:
-    """Copies consecutive slices of a 1-D buffer into outputs (C-contiguous arrays)."""
+class DatatypeCopier:
+    """Copies between consecutive slices of a 1-D buffer and many C-contiguous arrays
+    (no data leaves the process: MPI only does the copying)."""
 
     def __init__(self) -> None:
         self._comm: MPI.Comm | None = None
@@ -54,7 +55,7 @@ class Scatterer:
         try:
             total = sum(lengths)
             if source_offsets is None or buf.nbytes == total:  # the outputs' bytes in a row
-                self.copy(buf.view(np.uint8)[:total], target)
+                self.unpack(buf.view(np.uint8)[:total], target)
             else:  # some outputs skipped: a gapped source
                 gapped = MPI.BYTE.Create_hindexed(lengths, source_offsets).Commit()
                 try:
@@ -69,19 +70,19 @@ class Scatterer:
     def describe(self, arrays: list[np.ndarray], counts: list[int], dtype: np.dtype,
                  sized: bool = False) -> MPI.Datatype | None:
         """The arrays' memory (no None among them), in order, as one committed MPI
-        datatype (the caller frees it), to copy from or to a flat buffer with ``gather``
-        and ``copy``; None when one is not a writeable C-contiguous array (nor, unless
+        datatype (the caller frees it), to copy from or to a flat buffer with ``pack``
+        and ``unpack``; None when one is not a writeable C-contiguous array (nor, unless
         the caller vouches that it is, sized), of dtype and of exactly its count."""
         layout = _layout(arrays, counts, dtype, sized)
         if layout is None:
             return None
         return MPI.BYTE.Create_hindexed(layout[0], layout[1]).Commit()
 
-    def gather(self, datatype: MPI.Datatype, buf: np.ndarray) -> None:
+    def pack(self, datatype: MPI.Datatype, buf: np.ndarray) -> None:
         """The memory datatype describes, concatenated into buf."""
         self._self_message([MPI.BOTTOM, 1, datatype], [buf.view(np.uint8), MPI.BYTE])
 
-    def copy(self, buf: np.ndarray, datatype: MPI.Datatype) -> None:
+    def unpack(self, buf: np.ndarray, datatype: MPI.Datatype) -> None:
         """buf out to the memory datatype describes."""
         self._self_message([buf.view(np.uint8), MPI.BYTE], [MPI.BOTTOM, 1, datatype])
 

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import time
 from operator import attrgetter
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Sequence
+from typing import Any, Callable, Generator, NamedTuple, Sequence
 
 import numpy as np
 
 from .coordinator import Coordinator
 from ..messages import Request, RequestType, Response
 from .response_cache import CachedResponse, ResponseCache
+from .transport import Pending, Transport
 from ..stall import StallInspector
 from ..timeline import Timeline
 
@@ -40,48 +40,17 @@ _ALLREDUCE = RequestType.ALLREDUCE
 _BIT_OF = attrgetter("bit")
 
 
-class Pending:
-    """A bitwise-AND allreduce in flight (``Transport.start_allreduce_and``)."""
-
-    def __init__(self, result: np.ndarray) -> None:
-        self._result = result
-
-    def wait(self, deadline: float | None = None) -> bool:
-        """Block until it is done (True), or until time.monotonic() passes deadline (False)."""
-        return True
-
-    def result(self) -> np.ndarray:
-        return self._result
-
-
-class Transport(ABC):
-    """The three collectives negotiation needs; MPI in production, a fake in tests."""
-
-    rank: int
-    size: int
-
-    @abstractmethod
-    def allreduce_and(self, words: np.ndarray) -> np.ndarray:
-        """Bitwise AND of uint64 words across ranks."""
-
-    def start_allreduce_and(self, words: np.ndarray) -> Pending:
-        """allreduce_and without waiting for it; this default waits (fakes, one rank)."""
-        return Pending(self.allreduce_and(words))
-
-    @abstractmethod
-    def gather(self, obj: Any) -> list[Any] | None:
-        """Every rank's obj at the coordinator (rank 0), None elsewhere."""
-
-    @abstractmethod
-    def bcast(self, obj: Any) -> Any:
-        """The coordinator's obj on every rank."""
-
-    def close(self) -> None:
-        """Release what the transport holds (the runtime thread calls it as it exits)."""
-
-
 # A request not yet negotiated, with the time it reached the controller.
 _Waiting = tuple[Request, float]
+
+
+class SteadyCycle(NamedTuple):
+    """The last cycle that found every request a ready cache hit (see _replay)."""
+    order: list[CachedResponse]  # its cache entries in submit order
+    hits: list[CachedResponse]  # ... in bit order
+    hit_bits: int  # their ready bits
+    requests: list[Request]  # its requests, in submit order
+    cache_version: int  # the cache version it saw
 
 
 @dataclass
@@ -122,11 +91,7 @@ class Controller:
         self._others_joined = False
         self.slow_cycles = 0
         self.fast_cycles = 0
-        # The last cycle that found every request a ready cache hit: its cache entries in
-        # submit order, in bit order, its ready bits, its requests and the cache version
-        # it saw (see _replay).
-        self._last: tuple[list[CachedResponse], list[CachedResponse], int, list[Request],
-                          int] | None = None
+        self._last: SteadyCycle | None = None  # see _replay
         self.replay = True  # tests turn it off to compare against the general path
         self._encoded: tuple[tuple[int, int, int, int] | None, np.ndarray | None] = (None, None)
         self.replays = 0
@@ -167,7 +132,7 @@ class Controller:
                 self.fast_cycles += 1
                 self.replays += 1
                 self._others_joined = False
-                return CycleResult(responses=self.cache.take_entries(self._last[1]),
+                return CycleResult(responses=self.cache.take_entries(self._last.hits),
                                    shutdown_ranks=_bits_of(leaving))
             self._add(new_requests, now)  # the general path from here, as if classified
         record = fresh and not uncached and not invalid and ready == hit_bits and \
@@ -200,8 +165,8 @@ class Controller:
                 pop(response.name, None)
             result.responses = responses
         if record and hits:
-            self._last = (order, hits, hit_bits, [cached.signature for cached in order],
-                          self.cache.version)
+            self._last = SteadyCycle(order, hits, hit_bits,
+                                     [cached.signature for cached in order], self.cache.version)
 
         if flags & FLAG_UNCACHED:
             result.negotiated_slow = True
@@ -236,15 +201,15 @@ class Controller:
         request lists (compared in C) are the whole test. Fresh requests are never stale
         (stall age > 0), and no rank has joined."""
         last = self._last
-        if last is None or last[4] != self.cache.version or shutdown or \
+        if last is None or last.cache_version != self.cache.version or shutdown or \
                 self._joined or self._others_joined or self.timeline is not None or \
                 self.params_to_send is not None or not self._stall_age > 0 or \
-                new_requests != last[3]:
+                new_requests != last.requests:
             return None
         flags = 0
         if self.coordinator is not None and self.coordinator.check_stall():
             flags |= FLAG_SHUTDOWN | FLAG_STALLED
-        return list(last[0]), last[2], self._encode(flags, last[2], 0, 0)
+        return list(last.order), last.hit_bits, self._encode(flags, last.hit_bits, 0, 0)
 
     def _classify(self, now: float, shutdown: bool
                   ) -> tuple[list[CachedResponse], int, list[_Waiting], np.ndarray]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .controller import Pending, Transport
+from .transport import Pending, Transport
 
 _SPIN_SECONDS = 50e-6
 _MAX_SLEEP = 1e-3

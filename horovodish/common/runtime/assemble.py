@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from ..autotune import Autotuner, Params
 from ..config import Config
-from ..execution.backends.adasum import Adasum
+from ..execution.backends.adasum import AdasumBackend
 from ..execution.backends.mpi import MPIBackend
 from ..execution.backends.ring import RingBackend
 from ..execution.backends.shm import SharedMemoryBackend
@@ -37,12 +37,13 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
     if not config.stall_check_disable and size > 1:
         stall = StallInspector(size, config.stall_check_time, config.stall_shutdown_time,
                                world_ranks=world_ranks)
-    backends = [SharedMemoryBackend(comm, config.cpu_operations, world_ranks=world_ranks),
+    backends = [AdasumBackend(comm),
+                SharedMemoryBackend(comm, config.cpu_operations, world_ranks=world_ranks),
                 RingBackend(comm, config.ring_threshold, config.cpu_operations),
                 MPIBackend(comm)]
     controller = Controller(MPITransport(comm), config.cache_capacity, stall,
                             world_ranks=world_ranks)
-    executor = Executor(OperationManager(backends), rank, size, Adasum(comm))
+    executor = Executor(OperationManager(backends), rank, size)
     # A blocked caller runs cycles itself, so MPI is called from its thread too.
     caller_runs = config.caller_runs and MPI.Query_thread() == MPI.THREAD_MULTIPLE
     runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,

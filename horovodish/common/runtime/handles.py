@@ -45,7 +45,7 @@ class Completions:
     def wait(self, handle: Handle, timeout: float | None) -> bool:
         if self._on_wait is not None:
             # The caller is blocked now: no point batching longer (the runtime may run
-            # the cycles on this thread, see Runtime._help).
+            # the cycles on this thread, see Runtime._drive_while_waiting).
             start = time.monotonic()
             self._on_wait(handle, timeout)
             if handle._done:

@@ -17,7 +17,7 @@ The thread sleeps on an alarm (alarm.py) set to when it next has a cycle to run
 the work first never has the thread wake up to fight it for the GIL.
 
 A caller that blocks on a handle runs the cycles itself while the thread is not running
-one (``_help``): the thread stays for work nobody waits on yet, idle negotiation, and
+one (``_drive_while_waiting``): the thread stays for work nobody waits on yet, idle negotiation, and
 negotiations a caller stopped waiting on. Either way a cycle runs under one lock, so the
 cycles of a rank stay one sequence, as the other ranks' collectives need.
 """
@@ -30,7 +30,8 @@ from typing import Callable, Generator
 
 from . import interrupts
 from .alarm import make_alarm
-from ..negotiation.controller import Controller, CycleResult, Pending, finish_cycle
+from ..negotiation.controller import Controller, CycleResult, finish_cycle
+from ..negotiation.transport import Pending
 from .entry import Entry
 from ..errors import HorovodInternalError
 from ..execution.executor import Executor
@@ -66,7 +67,7 @@ class Runtime:
         # Python-level __enter__ can). It guards the queue and the thread's alarm.
         self._lock = threading.Lock()
         self._alarm = make_alarm()  # when the thread must look next (see _next_due)
-        self.completions = Completions(self._help)
+        self.completions = Completions(self._drive_while_waiting)
         self.caller_runs = caller_runs
         self._driver = threading.Lock()  # held by whichever thread runs a cycle
         self._handed_over: tuple[CycleSteps, Pending] | None = None  # for the thread to finish
@@ -74,12 +75,12 @@ class Runtime:
         # either thread, and the first submit since the queue was last taken
         self._last_start = self._last_cycle = self._batch_start = 0.0
         self._cycle_shutdown = False  # whether this rank asked to shut down in this cycle
-        self._helping = 0  # callers running cycles now (see _help)
+        self._callers_driving = 0  # callers running cycles now (see _drive_while_waiting)
         self.caller_cycles = 0  # cycles run on callers' threads
         self._caller_cycle_s = 0.0  # how long the last one took
         self.handovers = 0  # ... whose negotiation the runtime thread finished
         self._queue: list[Entry] = []
-        self._kicked = False
+        self._wake_requested = False
         self._shutdown_requested = False
         self._stopped = False
         self.failed = False  # stopped by an internal error (see _fail)
@@ -166,10 +167,10 @@ class Runtime:
         elif deadline < now + _IDLE_WAIT / 2:
             self._alarm.set(now + _IDLE_WAIT)
 
-    def kick(self) -> None:
+    def wake_thread(self) -> None:
         """A caller is blocked on a handle: run the next cycle without waiting."""
         with self._lock:
-            self._kicked = True
+            self._wake_requested = True
             self._alarm.wake_by(0.0)
 
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -211,7 +212,7 @@ class Runtime:
             entries, self._queue = self._queue, []
             shutdown = self._cycle_shutdown = self._shutdown_requested
             now = self._last_start = time.monotonic()
-            if by_caller and not (self._kicked or self._handed_over is not None or shutdown):
+            if by_caller and not (self._wake_requested or self._handed_over is not None or shutdown):
                 self._move_alarm(now)
         transport = self.controller.transport
         if hasattr(transport, "max_sleep"):
@@ -294,7 +295,7 @@ class Runtime:
         self.completions.notify()
 
     # -- a blocked caller drives -------------------------------------------------------
-    def _help(self, handle: Handle, timeout: float | None) -> None:
+    def _drive_while_waiting(self, handle: Handle, timeout: float | None) -> None:
         """A caller blocks on handle: run cycles on its thread while the runtime thread
         is not running one. That saves the two thread hand-offs of every cycle (a 4 KiB
         allreduce: 59 against 34 us). When the thread is busy, or a negotiation is not
@@ -304,11 +305,11 @@ class Runtime:
         Python signal handlers installed, the main thread leaves the cycles to the
         runtime thread."""
         if not self.caller_runs or self.timeline is not None:
-            self.kick()  # (a timeline's file writes would hold up the caller)
+            self.wake_thread()  # (a timeline's file writes would hold up the caller)
             return
         on_main = threading.get_ident() == interrupts.MAIN_THREAD
         if on_main and not interrupts.safe_to_drive():
-            self.kick()  # a handler of the application's own could strike mid-cycle
+            self.wake_thread()  # a handler of the application's own could strike mid-cycle
             return
         if on_main:
             # Held back for as long as this caller drives, not per cycle: raised between
@@ -320,12 +321,12 @@ class Runtime:
             interrupts.depth += 1
         try:
             with self._lock:
-                self._helping += 1  # the thread stays out of the way meanwhile
+                self._callers_driving += 1  # the thread stays out of the way meanwhile
             try:
                 self._drive_until(handle, timeout, on_main)
             finally:
                 with self._lock:
-                    self._helping -= 1
+                    self._callers_driving -= 1
                     if self._queue or self.controller.has_pending:
                         # Work left behind (another thread's, or other ranks' late) is
                         # the thread's again, from its cycle time on.
@@ -343,7 +344,7 @@ class Runtime:
             if on_main and interrupts.held_back():
                 return  # a Ctrl-C waits: no further cycle on this thread
             if not self._driver.acquire(blocking=False):
-                self.kick()  # the thread is driving: let it go on at once
+                self.wake_thread()  # the thread is driving: let it go on at once
                 return
             try:
                 if self._stopped or not self._caller_cycle():
@@ -376,7 +377,7 @@ class Runtime:
         done = pending.wait(time.monotonic() + _CALLER_WAIT)  # (if it raises, _end)
         if not done:
             self._hand_over(steps, pending)
-            self.kick()
+            self.wake_thread()
             return False
         self._finish_cycle(steps)
         self._caller_cycle_s = time.monotonic() - start
@@ -419,7 +420,7 @@ class Runtime:
                     handed, self._handed_over = self._handed_over, None
                     # Looked at again under the driver: a caller may have run it meanwhile.
                     due = handed is None and self._next_due(time.monotonic()) <= 0.0
-                    self._kicked = False
+                    self._wake_requested = False
                 try:
                     if handed is not None:  # a caller stopped waiting on this negotiation
                         steps, pending = handed
@@ -467,12 +468,12 @@ class Runtime:
     def _next_due(self, now: float) -> float:
         """When the thread next has a cycle to run, in time.monotonic(); 0.0 if it has
         one now (the lock is held). While a caller drives, the work is the caller's:
-        it hands back what it leaves (``_help``), so the thread only looks in once per
+        it hands back what it leaves (``_drive_while_waiting``), so the thread only looks in once per
         idle period, in case."""
-        if self._stopped or self._shutdown_requested or self._kicked or \
+        if self._stopped or self._shutdown_requested or self._wake_requested or \
                 self._handed_over is not None:
             return 0.0
-        if self._helping:
+        if self._callers_driving:
             return now + _IDLE_WAIT
         due = self._last_cycle + _IDLE_WAIT  # take part in negotiation while idle
         if self._queue:
@@ -484,7 +485,7 @@ class Runtime:
     def _sleep_until_due(self) -> None:
         """Sleep on the alarm until the thread has a cycle to run. The alarm is set
         under the lock from the state it guards, so whatever changes that state after
-        this sets it also moves it (submit, kick, hand-over, shutdown)."""
+        this sets it also moves it (submit, wake_thread, hand-over, shutdown)."""
         while True:
             with self._lock:
                 due = self._next_due(time.monotonic())

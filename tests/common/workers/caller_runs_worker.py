@@ -201,11 +201,11 @@ def storm(rank: int, size: int) -> None:
     # registered but never queued did), and no caller is still counted as driving (one
     # left counted kept the thread off queued work for good).
     settle = time.perf_counter() + 2.0
-    while (runtime._in_flight or runtime._helping) and time.perf_counter() < settle:
+    while (runtime._in_flight or runtime._callers_driving) and time.perf_counter() < settle:
         time.sleep(0.01)
-    check(not runtime._in_flight and runtime._helping == 0,
+    check(not runtime._in_flight and runtime._callers_driving == 0,
           f"after the storm: {len(runtime._in_flight)} names still in flight "
-          f"({sorted(runtime._in_flight)[:3]}), {runtime._helping} callers counted as driving")
+          f"({sorted(runtime._in_flight)[:3]}), {runtime._callers_driving} callers counted as driving")
     sys.stdout.write(f"storm: {state['done']} ops, {state['interrupted']} interrupts\n")
     check(state["unbalanced"] is None, f"after {state['done']} ops: {state['unbalanced']}")
     check(state["interrupted"] > 0 and state["done"] > 0 and runtime.caller_cycles > 0,
@@ -394,12 +394,12 @@ def shared_storm(rank: int, size: int) -> None:
         check(state["interrupted"] > 0, "no interrupt landed")
     MPI.COMM_WORLD.Barrier()
     settle = time.perf_counter() + 5.0
-    while (runtime._in_flight or runtime._helping) and time.perf_counter() < settle:
+    while (runtime._in_flight or runtime._callers_driving) and time.perf_counter() < settle:
         time.sleep(0.01)
-    check(not runtime.stopped and not runtime._in_flight and runtime._helping == 0 and
+    check(not runtime.stopped and not runtime._in_flight and runtime._callers_driving == 0 and
           interrupts.depth == 0,
           f"after the storm: stopped {runtime.stopped}{runtime._stop_reason}, "
-          f"{len(runtime._in_flight)} names in flight, {runtime._helping} callers counted "
+          f"{len(runtime._in_flight)} names in flight, {runtime._callers_driving} callers counted "
           f"as driving, depth {interrupts.depth}")
     got = submit_step(0).wait(timeout=10)
     check(np.array_equal(got, np.full(4, float(size))), f"s.0 again = {got}")

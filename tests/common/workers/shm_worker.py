@@ -145,7 +145,7 @@ def main() -> None:
     counts = [40] * 40
     tensors = [np.ones(c, np.float32) for c in counts]
     if rank == 1:
-        backend._scatterer.describe = lambda *args, **kwargs: (_ for _ in ()).throw(
+        backend._copier.describe = lambda *args, **kwargs: (_ for _ in ()).throw(
             MemoryError("no datatype"))
     try:
         backend.allreduce_into(tensors, counts, tensors, f32, ReduceOp.SUM, in_place=True)
@@ -153,7 +153,7 @@ def main() -> None:
     except (MemoryError, RuntimeError) as exc:
         assert rank == 1 or "rank 11 could not copy its input" in str(exc), exc
     if rank == 1:
-        del backend._scatterer.describe  # the class's method again
+        del backend._copier.describe  # the class's method again
     tensors = [np.ones(c, np.float32) for c in counts]
     backend.allreduce_into(tensors, counts, tensors, f32, ReduceOp.SUM, in_place=True)
     assert all(np.all(t == size) for t in tensors), tensors

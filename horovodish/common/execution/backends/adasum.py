@@ -4,12 +4,17 @@ For two vectors, adasum(a, b) = (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b (a z
 contributes its partner unchanged). With 2^k ranks the ranks combine pairwise in k rounds
 (partners at distance 1, 2, 4, ...); the formula is symmetric, so both partners compute
 the same result and after the last round every rank holds the same vector. Applied per
-tensor: a fused buffer is split back into its tensors for the dot products.
+tensor: a fused buffer is split back into its tensors for the dot products, so a group
+goes in one piece (``pipelined = False``). Chosen by the op: first in the operation
+manager's list, and enabled for Adasum allreduces only.
 """
 from __future__ import annotations
 
 import numpy as np
 from mpi4py import MPI
+
+from ...messages import ReduceOp, RequestType
+from .base import Backend
 
 
 def is_power_of_two(n: int) -> bool:
@@ -26,13 +31,20 @@ def adasum_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return ca * a64 + cb * b64
 
 
-class Adasum:
+class AdasumBackend(Backend):
+    name = "adasum"
+    pipelined = False
+
     def __init__(self, comm: MPI.Comm) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
 
-    def allreduce(self, buf: np.ndarray, counts: list[int]) -> None:
+    def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1,
+                op: ReduceOp | None = None) -> bool:
+        return kind == RequestType.ALLREDUCE and op == ReduceOp.ADASUM
+
+    def reduce_fused(self, buf: np.ndarray, counts: list[int], op: ReduceOp) -> None:
         """In place on buf, which holds len(counts) tensors back to back."""
         if not is_power_of_two(self.size):
             raise ValueError(f"Adasum needs a power-of-two number of ranks, not {self.size}")

@@ -1,4 +1,11 @@
-"""What a backend is: a way to run collectives, and a rule for when it applies."""
+"""What a backend is: a way to run collectives, and a rule for when it applies.
+
+Allreduce has two entries: ``allreduce(buf, op)`` on one flat buffer, and
+``allreduce_group(group)`` for a fused group, whose default packs the group into a
+fusion buffer and reduces it with ``reduce_fused`` (staging.py). A backend with a
+better way to run a group (shared memory) overrides ``allreduce_group``; one that needs
+the tensors' boundaries (Adasum) overrides ``reduce_fused``.
+"""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -6,62 +13,31 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from ...messages import ReduceOp, RequestType
-
-REDUCE_UFUNC = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.PRODUCT: np.multiply,
-}
-BOOL_UFUNC = {
-    ReduceOp.SUM: np.logical_or,
-    ReduceOp.MAX: np.logical_or,
-    ReduceOp.MIN: np.logical_and,
-    ReduceOp.PRODUCT: np.logical_and,
-}
-
-
-def reduce_ufunc(dtype: np.dtype, op: ReduceOp) -> np.ufunc:
-    """The elementwise reduction for op; Average arrives here as Sum."""
-    table = BOOL_UFUNC if dtype == np.bool_ else REDUCE_UFUNC
-    return table[op]
-
-
-def divide_toward_zero(buf: np.ndarray, divisor: int) -> None:
-    """Integer Average, in place: the quotient truncated toward zero (-3 / 2 is -1), as
-    Horovod's scaling by 1/size and C's cast give it; exact for every int64."""
-    if np.issubdtype(buf.dtype, np.unsignedinteger):
-        np.floor_divide(buf, divisor, out=buf)
-        return
-    inexact = np.remainder(buf, divisor) != 0
-    np.floor_divide(buf, divisor, out=buf)
-    buf += inexact & (buf < 0)  # a negative quotient that floor took one too far
-
-
-# Half-precision values are scaled in float32 and rounded once, as Horovod's CPU scaling
-# does (its float16 kernel widens to float); numpy would otherwise multiply in the
-# half type itself and round the factor first. Integers are scaled in float64 and
-# truncated toward zero by the cast back (a float64 product, then C's conversion).
-_WIDEN_TO_FLOAT32 = frozenset({"float16", "bfloat16"})
-
-
-def scale_into(out: np.ndarray, source: np.ndarray, factor: float) -> None:
-    """out = source * factor with Horovod's arithmetic per dtype (out may be source)."""
-    if source.dtype.name in _WIDEN_TO_FLOAT32:
-        np.multiply(source, np.float32(factor), out=out, dtype=np.float32, casting="unsafe")
-    else:
-        np.multiply(source, factor, out=out, casting="unsafe")
+from ..staging import AllreduceGroup, through_fusion_buffer
 
 
 class Backend(ABC):
     """One way to execute collectives. Runs on the runtime thread only."""
 
     name: str = "?"
+    # Whether a large group may go in pieces of about 1 MiB (each piece reduced on its
+    # own): False where a group's result depends on all of it at once (Adasum).
+    pipelined: bool = True
 
     @abstractmethod
-    def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1) -> bool:
+    def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1,
+                op: ReduceOp | None = None) -> bool:
         """Whether this backend should run this collective on this data (nbytes in all,
-        from this many tensors fused)."""
+        from this many tensors fused; op for reductions, Average arriving as Sum)."""
+
+    def allreduce_group(self, group: AllreduceGroup) -> list:
+        """Run a fused allreduce group; the result for each of its entries."""
+        return through_fusion_buffer(self, group)
+
+    def reduce_fused(self, buf: np.ndarray, counts: list[int], op: ReduceOp) -> None:
+        """Reduce a fusion buffer holding len(counts) tensors back to back, in place."""
+        if buf.size:
+            self.allreduce(buf, op)
 
     def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
         raise NotImplementedError

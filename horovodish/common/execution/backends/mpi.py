@@ -46,7 +46,8 @@ class MPIBackend(Backend):
     def __init__(self, comm: MPI.Comm) -> None:
         self.comm = comm
 
-    def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1) -> bool:
+    def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1,
+                op: ReduceOp | None = None) -> bool:
         return kind not in _REDUCING or dtype in MPI_REDUCIBLE
 
     def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:

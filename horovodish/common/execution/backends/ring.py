@@ -12,7 +12,8 @@ from mpi4py import MPI
 
 from ...dtypes import MPI_REDUCIBLE
 from ...messages import ReduceOp, RequestType
-from .base import Backend, reduce_ufunc
+from ..arithmetic import reduce_ufunc
+from .base import Backend
 
 _CHUNK_BYTES = 4 << 20
 _REDUCING = (RequestType.ALLREDUCE, RequestType.REDUCESCATTER)
@@ -34,7 +35,8 @@ class RingBackend(Backend):
         self.mode = mode
         self._scratch = np.empty(0, dtype=np.uint8)
 
-    def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1) -> bool:
+    def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1,
+                op: ReduceOp | None = None) -> bool:
         if kind not in _REDUCING:
             return False
         if dtype not in MPI_REDUCIBLE or self.mode == "ring":

@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from horovodish.common.execution.datatype_copies import MIN_OUTPUTS, Scatterer
+from horovodish.common.execution.datatype_copies import MIN_OUTPUTS, DatatypeCopier
 
 
 def _layout(count: int, dtype) -> tuple[list, list[int], np.ndarray]:
@@ -29,7 +29,7 @@ def _layout(count: int, dtype) -> tuple[list, list[int], np.ndarray]:
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_, ml_dtypes.bfloat16])
 def test_each_output_gets_its_slice(count, dtype):
     outputs, counts, buf = _layout(count, dtype)
-    Scatterer().copy_out(buf, outputs, counts)
+    DatatypeCopier().copy_out(buf, outputs, counts)
     offset = 0
     for output, c in zip(outputs, counts):
         if output is not None:
@@ -41,11 +41,11 @@ def test_contiguous_outputs_take_the_single_call():
     """The datatype path (not the loop) handles a batch of contiguous outputs."""
     outputs = [np.zeros(8, np.float32) for _ in range(MIN_OUTPUTS)]
     buf = np.arange(8 * MIN_OUTPUTS, dtype=np.float32)
-    scatterer = Scatterer()
-    assert scatterer._by_datatype(buf, outputs, [8] * MIN_OUTPUTS)
+    copier = DatatypeCopier()
+    assert copier._by_datatype(buf, outputs, [8] * MIN_OUTPUTS)
     assert np.array_equal(np.concatenate(outputs), buf)
     strided = [np.zeros((8, 2), np.float32)[:, 0]] + outputs[1:]
-    assert not scatterer._by_datatype(buf, strided, [8] * MIN_OUTPUTS)  # the loop's job
+    assert not copier._by_datatype(buf, strided, [8] * MIN_OUTPUTS)  # the loop's job
 
 
 def test_one_datatype_packs_and_copies_back():
@@ -53,21 +53,21 @@ def test_one_datatype_packs_and_copies_back():
     shared-memory backend does for in-place groups."""
     counts = [3, 0, 5, 8]
     arrays = [np.arange(c, dtype=np.float32) + 10 * i for i, c in enumerate(counts)]
-    scatterer = Scatterer()
-    datatype = scatterer.describe(arrays, counts, np.dtype(np.float32))
+    copier = DatatypeCopier()
+    datatype = copier.describe(arrays, counts, np.dtype(np.float32))
     try:
         flat = np.zeros(sum(counts), np.float32)
-        scatterer.gather(datatype, flat)
+        copier.pack(datatype, flat)
         assert np.array_equal(flat, np.concatenate(arrays))
-        scatterer.copy(flat * 2, datatype)
+        copier.unpack(flat * 2, datatype)
         assert all(np.array_equal(a, (np.arange(c) + 10 * i) * 2)
                    for i, (a, c) in enumerate(zip(arrays, counts)))
     finally:
         datatype.Free()
-        scatterer.close()
+        copier.close()
     strided = arrays[:2] + [np.zeros(10, np.float32)[::2]] + arrays[3:]
-    assert scatterer.describe(strided, counts, np.dtype(np.float32)) is None
-    assert scatterer.describe(arrays, counts, np.dtype(np.float64)) is None
+    assert copier.describe(strided, counts, np.dtype(np.float32)) is None
+    assert copier.describe(arrays, counts, np.dtype(np.float64)) is None
 
 
 def test_read_only_outputs_are_not_written_behind_numpys_back():
@@ -76,6 +76,6 @@ def test_read_only_outputs_are_not_written_behind_numpys_back():
     outputs = [np.zeros(4, np.float32) for _ in range(MIN_OUTPUTS)]
     outputs[3].flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
-        Scatterer().copy_out(np.ones(4 * MIN_OUTPUTS, np.float32), outputs, [4] * MIN_OUTPUTS)
+        DatatypeCopier().copy_out(np.ones(4 * MIN_OUTPUTS, np.float32), outputs, [4] * MIN_OUTPUTS)
     assert not outputs[3].any()
-    assert Scatterer().describe(outputs, [4] * MIN_OUTPUTS, np.dtype(np.float32)) is None
+    assert DatatypeCopier().describe(outputs, [4] * MIN_OUTPUTS, np.dtype(np.float32)) is None

@@ -1,0 +1,35 @@
+"""The worker harness (tests/worker_support.py, multirank.assert_ranks_ok) on 2 real ranks:
+every check runs after a failure, and the failure names each failed check and rank."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from multirank import assert_ranks_ok, run_ranks
+
+WORKER = Path(__file__).parent / "harness_worker.py"
+
+
+def test_passing_checks_pass():
+    result = run_ranks(WORKER, 2, args=["pass"], timeout=60)
+    assert_ranks_ok(result, 2, checks=["agrees", "last"])
+
+
+def test_a_failure_names_each_failed_check_and_rank_and_the_rest_still_run():
+    result = run_ranks(WORKER, 2, args=["fail"], timeout=60)
+    with pytest.raises(AssertionError) as failure:
+        assert_ranks_ok(result, 2)
+    message = str(failure.value).split("--- command ---")[0]
+    assert "differs_on_rank_1 on rank 1: FAILED: second value: got [1. 2.], want [1. 3.]" \
+        in message, message
+    assert "differs_on_rank_1 on rank 0" not in message, message
+    assert "raises_on_rank_0 on rank 0: FAILED: raised RuntimeError: boom" in message, message
+    assert "last on rank" not in message, message  # ran after the failures, and passed
+    assert "did not finish" not in message, message
+
+
+def test_a_check_that_never_reported_is_missing():
+    result = run_ranks(WORKER, 2, args=["pass"], timeout=60)
+    with pytest.raises(AssertionError, match="never_ran on rank 0: missing"):
+        assert_ranks_ok(result, 2, checks=["agrees", "never_ran"])

@@ -1,0 +1,143 @@
+"""The one way multi-rank workers check results and report them (read by tests/multirank.py).
+
+A worker is a list of named checks (functions) run by ``run_checks``. A failed
+comparison is recorded, not raised, so a check goes on and keeps its collectives in
+step with the other ranks; an exception ends that check only. Every check runs, and
+each prints one line per rank that ``multirank.assert_ranks_ok`` parses::
+
+    CHECK allreduce.sum rank 1/2: ok (12 comparisons)
+    CHECK allreduce.sum rank 1/2: FAILED: float32 sum: got [2. 3.], want [2. 4.]
+    DONE rank 1/2: 7 passed, 1 failed
+
+Example::
+
+    from worker_support import check, close, expect_error, run_checks
+
+    def allreduce_sum(rank, size):
+        got = hvd.allreduce(torch.ones(3), op=hvd.Sum)
+        close(got, np.full(3, size), "sum of ones")
+
+    if __name__ == "__main__":
+        hvd.init()
+        run_checks([allreduce_sum], hvd.rank(), hvd.size())
+
+A check that raises while the other ranks wait in a collective for it leaves them
+waiting: the job then ends at run_ranks' timeout, whose failure message still lists
+every check that had reported.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+# Failures of the check now running: (what, detail) pairs.
+_failures: list[str] = []
+_comparisons = 0
+
+
+def _report(line: str) -> None:
+    # One write per line: mpirun merges ranks' output by chunks (see multirank.py).
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def check(condition: Any, what: str) -> bool:
+    """Record a failure unless condition holds; returns whether it held."""
+    global _comparisons
+    _comparisons += 1
+    if not condition:
+        _failures.append(what)
+    return bool(condition)
+
+
+def close(got: Any, want: Any, what: str, tol: float = 0.0) -> bool:
+    """got equals want (same shape; within tol, relative and absolute, for numbers)."""
+    got_array, want_array = _as_array(got), _as_array(want)
+    if got_array.shape != want_array.shape:
+        return check(False, f"{what}: shape {got_array.shape}, want {want_array.shape}")
+    if got_array.dtype == np.bool_ or want_array.dtype == np.bool_ or tol == 0.0:
+        same = np.array_equal(got_array, want_array, equal_nan=got_array.dtype.kind == "f")
+    else:
+        same = np.allclose(got_array.astype(np.float64), want_array.astype(np.float64),
+                           rtol=tol, atol=tol, equal_nan=True)
+    return check(same, f"{what}: got {_short(got_array)}, want {_short(want_array)}")
+
+
+def expect_error(fn: Callable[[], Any], exc_type: type[BaseException] | tuple,
+                 *needles: str, what: str = "") -> BaseException | None:
+    """fn raises exc_type with every needle in its message; returns the exception."""
+    label = what or getattr(fn, "__name__", "call")
+    try:
+        fn()
+    except exc_type as exc:  # noqa: BLE001 (the caller names the type)
+        missing = [needle for needle in needles if needle not in str(exc)]
+        check(not missing, f"{label}: {missing} not in the message: {exc}")
+        return exc
+    except BaseException as exc:  # noqa: BLE001
+        check(False, f"{label}: raised {type(exc).__name__} ({exc}), want {exc_type}")
+        return exc
+    check(False, f"{label}: raised nothing, want {exc_type}")
+    return None
+
+
+def same_on_every_rank(value: Any, what: str, tol: float = 0.0) -> bool:
+    """value is the same on every rank (compared through plain MPI, not horovodish)."""
+    from mpi4py import MPI
+    mine = _as_array(value)
+    everyone = MPI.COMM_WORLD.allgather(mine)
+    differing = [rank for rank, theirs in enumerate(everyone)
+                 if theirs.shape != mine.shape or not (
+                     np.array_equal(theirs, mine) if tol == 0.0 else
+                     np.allclose(theirs.astype(np.float64), mine.astype(np.float64),
+                                 rtol=tol, atol=tol))]
+    return check(not differing, f"{what}: differs from rank(s) {differing}: "
+                                f"{_short(mine)} here")
+
+
+def run_checks(checks: Sequence[Callable[..., Any]], rank: int, size: int,
+               *args: Any) -> None:
+    """Run every check as check(rank, size, *args), report each, exit 1 if one failed."""
+    global _comparisons
+    failed = 0
+    for fn in checks:
+        name = fn.__name__
+        _failures.clear()
+        _comparisons = 0
+        try:
+            fn(rank, size, *args)
+        except BaseException as exc:  # noqa: BLE001 (reported, then the next check)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            detail = "".join(traceback.format_exception(exc)).rstrip()
+            _failures.append(f"raised {type(exc).__name__}: {exc}\n{detail}")
+        if _failures:
+            failed += 1
+            first, *rest = _failures
+            _report(f"CHECK {name} rank {rank}/{size}: FAILED: {first}"
+                    + "".join(f"\n    also: {more}" for more in rest))
+        else:
+            _report(f"CHECK {name} rank {rank}/{size}: ok ({_comparisons} comparisons)")
+    _report(f"DONE rank {rank}/{size}: {len(checks) - failed} passed, {failed} failed")
+    if failed:
+        sys.stdout.flush()
+        os._exit(1)  # skip atexit shutdown: the other ranks may be out of step
+
+
+def _as_array(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # torch
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+        return value.numpy()
+    if hasattr(value, "numpy") and not isinstance(value, np.ndarray):  # tensorflow
+        return np.asarray(value.numpy())
+    return np.asarray(value)
+
+
+def _short(array: np.ndarray) -> str:
+    return np.array2string(array.reshape(-1)[:8], precision=6) + (
+        f" ... ({array.size} values)" if array.size > 8 else "")
