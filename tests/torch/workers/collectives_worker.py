@@ -384,6 +384,17 @@ def test_sparse(rank: int, size: int) -> None:
         if op == hvd.Average:
             want = want / size
         same(got.to_dense(), want, f"sparse allreduce {op}")
+        # The async handle is Horovod's callable (handle() gives the result), and an
+        # integer handle that synchronize and poll take as well.
+        called = hvd.sparse_allreduce_async(sparse_of(rank), name=f"sparse.call.{op}", op=op)
+        check(callable(called), "sparse_allreduce_async handle is not callable")
+        got = called()
+        check(got.is_sparse, "sparse result through handle()")
+        same(got.to_dense(), want, f"sparse allreduce handle() {op}")
+        waited = hvd.sparse_allreduce_async(sparse_of(rank), name=f"sparse.sync.{op}", op=op)
+        while not hvd.poll(waited):
+            pass
+        same(hvd.synchronize(waited).to_dense(), want, f"sparse allreduce synchronize {op}")
     expect_error(lambda: hvd.sparse_allreduce(sparse_of(rank), op=hvd.Max), ValueError, "Max")
 
 
