@@ -76,7 +76,7 @@ class _DistributedOptimizer:
                    process_set: ProcessSet, bucket_cap_mb: float,
                    buffer_sync: Callable[[], None] | None,
                    gradient_as_bucket_view: bool = True) -> None:
-        self._hvd_names = names
+        self._parameter_names = names
         self._hvd_params = [p for group in self.param_groups for p in group["params"]
                             if p.requires_grad]
         self._hvd_compression = compression
@@ -128,7 +128,7 @@ class _DistributedOptimizer:
             return
         leftovers = [p for p in self._hvd_params if p not in self._hvd_submitted]
         try:
-            check_tracked(self, self._hvd_delay, self._hvd_names)
+            check_tracked(self, self._hvd_delay, self._parameter_names)
             # Before the zeros for gradients this rank lacks: whether to send them
             # sparse depends on what the other ranks had.
             order = self._hvd_agree(leftovers) if not self._hvd_agreed else None
@@ -251,7 +251,7 @@ class _DistributedOptimizer:
             return
         if param in self._hvd_submitted or self._hvd_delay[param] <= 0:
             raise AssertionError(
-                f"the gradient of '{self._hvd_names[param]}' was computed more than "
+                f"the gradient of '{self._parameter_names[param]}' was computed more than "
                 f"backward_passes_per_step={self.backward_passes_per_step} times before "
                 "step(). Call step() after each backward, or increase "
                 "backward_passes_per_step to accumulate gradients locally.")
@@ -281,7 +281,7 @@ class _DistributedOptimizer:
         self._hvd_submitted.update(params)
         dense, tensors, ctxs, names = [], [], [], []
         for param in params:
-            name = f"allreduce.{self._hvd_names[param]}"
+            name = f"allreduce.{self._parameter_names[param]}"
             sparse = param in self._hvd_sparse and self._hvd_sends_sparse(param)
             if param.grad is None:  # no gradient on this rank: contribute zeros
                 param.grad = _sparse_zeros(param, self._hvd_sparse[param]) if sparse \
@@ -321,7 +321,7 @@ class _DistributedOptimizer:
         since a joined rank learns nothing and every rank must bucket alike. The order
         is by the ranks' summed positions (ties by name), the same on every rank.
         Returns the order to bucket by, or None while not settled."""
-        names = self._hvd_names
+        names = self._parameter_names
         params = sorted(self._hvd_params, key=names.__getitem__)
         count = len(params)
         position = {p: i + 1 for i, p in enumerate(self._hvd_buckets.recorded(unseen))}
@@ -420,14 +420,17 @@ def _distributed_class(base: type) -> type:
 def _parameter_names(optimizer: torch.optim.Optimizer,
                      named_parameters: Iterable[tuple[str, torch.Tensor]] | None
                      ) -> dict[torch.Tensor, str]:
+    """Parameter -> name, kept as the wrapper's ``_parameter_names`` (Horovod's attribute,
+    which scripts read). Without named_parameters: the names a torch >= 2.6 optimizer
+    built from named_parameters() keeps, else Horovod's ``allreduce.noname.{group}.{i}``,
+    the same on every rank that builds the same optimizer."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if named_parameters is None:
-        # torch >= 2.6 optimizers built from named_parameters() keep the names.
         names: dict[torch.Tensor, str] = {}
         for i, group in enumerate(optimizer.param_groups):
             given = group.get("param_names") or [None] * len(group["params"])
             for j, (param, name) in enumerate(zip(group["params"], given)):
-                names[param] = name if name is not None else f"noname.{i}.{j}"
+                names[param] = name if name is not None else f"allreduce.noname.{i}.{j}"
         return names
     pairs = list(named_parameters)
     if any(not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str)

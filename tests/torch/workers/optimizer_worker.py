@@ -368,6 +368,29 @@ def test_errors() -> None:
           "step() after synchronize() did not warn")
 
 
+def test_parameter_names() -> None:
+    """Horovod's ``_parameter_names`` (parameter -> name), which scripts read: the given
+    names, else Horovod's defaults, distinct and the same on every rank."""
+    model = make_model()
+    named = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+    check(named._parameter_names == {p: n for n, p in model.named_parameters()},
+          f"_parameter_names with names given: {list(named._parameter_names.values())}")
+    groups = lambda: [{"params": model[0].parameters()},  # noqa: E731
+                      {"params": model[2].parameters()}]
+    unnamed = hvd.DistributedOptimizer(torch.optim.SGD(groups(), lr=0.1))
+    want = {p: f"allreduce.noname.{i}.{j}"
+            for i, layer in enumerate((model[0], model[2]))
+            for j, p in enumerate(layer.parameters())}
+    check(unnamed._parameter_names == want,
+          f"default _parameter_names: {list(unnamed._parameter_names.values())}")
+    everyone = hvd.allgather_object(sorted(unnamed._parameter_names.values()))
+    check(all(names == everyone[0] for names in everyone), f"names differ: {everyone}")
+    if hvd.size() & (hvd.size() - 1) == 0:  # Adasum runs on a power of two only
+        adasum = hvd.DistributedOptimizer(torch.optim.SGD(groups(), lr=0.1), op=hvd.Adasum)
+        check(adasum._parameter_names == want, "Adasum _parameter_names")
+
+
 def test_untracked_parameters() -> None:
     """A parameter frozen when the optimizer was wrapped and unfrozen later, or added with
     add_param_group: its gradient would not be reduced, so step() refuses, on every rank,
@@ -643,7 +666,8 @@ def main() -> None:
                  test_sparse, test_sparse_on_some_ranks_in_the_first_step,
                  test_join_before_the_first_step, test_parameter_order_differs_between_ranks,
                  test_rebuilt_optimizer_on_one_rank, test_muon,
-                 test_errors, test_untracked_parameters, test_broadcast_optimizer_state,
+                 test_errors, test_parameter_names, test_untracked_parameters,
+                 test_broadcast_optimizer_state,
                  test_scheduler_built_before_wrapping, test_learned_order,
                  test_learned_order_follows_use,
                  test_overlap_with_backward]:
