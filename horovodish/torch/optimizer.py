@@ -171,12 +171,17 @@ class _DistributedOptimizer:
                 grad = param.grad
                 if reduced is grad:  # reduced in place
                     continue
-                # Sparse gradients reduced as dense stay dense. A result in a runtime block
+                # A sparse gradient reduced as dense (sparse_as_dense, or in a group) goes
+                # back sparse, as Horovod's does: the optimizer was chosen for sparse
+                # gradients (SparseAdam refuses dense ones). A result in a runtime block
                 # (or a fresh decompressed tensor) is installed rather than copied over
                 # the old gradient, unless the caller asked to keep gradient tensors or
                 # the parameter has another memory layout.
-                if grad.is_sparse or (self._hvd_as_view and param.is_contiguous()
-                                      and reduced.dtype == grad.dtype):
+                sparse_dim = self._hvd_sparse.get(param)
+                if sparse_dim is not None:
+                    param.grad = reduced.to_sparse(sparse_dim)
+                elif grad.is_sparse or (self._hvd_as_view and param.is_contiguous()
+                                        and reduced.dtype == grad.dtype):
                     param.grad = reduced
                 else:
                     grad.copy_(reduced)

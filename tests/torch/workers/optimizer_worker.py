@@ -207,9 +207,33 @@ def test_sparse() -> None:
         model, _ = train(plain, model=Embedder(sparse=True), loss_fn=loss_fn,
                          sparse_as_dense=as_dense)
         close(model, want, 1e-5, f"sparse gradients, sparse_as_dense={as_dense}")
-    dense, _ = train(ADAM, model=Embedder(sparse=True), loss_fn=loss_fn, sparse_as_dense=True)
-    close(dense, reference(ADAM, model=Embedder(sparse=False), loss_fn=loss_fn), 1e-5,
-          "Adam on sparse_as_dense gradients")
+
+
+class EmbeddingOnly(nn.Module):
+    """Only sparse gradients: what SparseAdam takes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.embedding = nn.Embedding(30, 4, sparse=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embedding((x.abs() * 10).long().clamp(max=29)[:, :3]).mean(1)
+
+
+def test_sparse_adam() -> None:
+    """The reduced gradient reaches the optimizer sparse, whether it travelled sparse or
+    dense (sparse_as_dense, Horovod's rule): SparseAdam refuses dense gradients. Against
+    SparseAdam on the whole batch."""
+    sparse_adam = lambda p: torch.optim.SparseAdam(list(p), lr=0.05)  # noqa: E731
+    loss_fn = lambda m, x, y, r: F.mse_loss(m(x), y)  # noqa: E731
+    want = reference(sparse_adam, model=EmbeddingOnly(), loss_fn=loss_fn)
+    for as_dense in (True, False):
+        for in_place in (True, False):
+            model, _ = train(sparse_adam, model=EmbeddingOnly(), loss_fn=loss_fn,
+                             sparse_as_dense=as_dense, gradient_as_bucket_view=in_place)
+            close(model, want, 1e-5, f"SparseAdam, sparse_as_dense={as_dense}, "
+                  f"gradient_as_bucket_view={in_place}")
 
 
 def test_sparse_on_some_ranks_in_the_first_step() -> None:
@@ -663,7 +687,7 @@ def main() -> None:
     torch.set_num_threads(1)
     started = time.perf_counter()
     for test in [test_equivalence, test_gradient_identity, test_branch_on_one_rank,
-                 test_sparse, test_sparse_on_some_ranks_in_the_first_step,
+                 test_sparse, test_sparse_adam, test_sparse_on_some_ranks_in_the_first_step,
                  test_join_before_the_first_step, test_parameter_order_differs_between_ranks,
                  test_rebuilt_optimizer_on_one_rank, test_muon,
                  test_errors, test_parameter_names, test_untracked_parameters,
