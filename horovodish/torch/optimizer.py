@@ -61,7 +61,7 @@ from . import mpi_ops
 from .buckets import GradientBuckets
 from .compression import Compression
 from .functions import load_state_in_place
-from .sparse import sparse_allreduce_async
+from .sparse import sparse_allreduce_async, sparse_zeros
 from .tracked import check_tracked
 
 _STATS_KEPT = 1000
@@ -289,7 +289,7 @@ class _DistributedOptimizer:
             name = f"allreduce.{self._parameter_names[param]}"
             sparse = param in self._hvd_sparse and self._hvd_sends_sparse(param)
             if param.grad is None:  # no gradient on this rank: contribute zeros
-                param.grad = _sparse_zeros(param, self._hvd_sparse[param]) if sparse \
+                param.grad = sparse_zeros(param, self._hvd_sparse[param]) if sparse \
                     else torch.zeros_like(param)
             grad = param.grad
             if sparse and grad.is_sparse:
@@ -394,13 +394,6 @@ def _adasum_optimizer(optimizer: torch.optim.Optimizer,
     wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
     wrapped._hvd_adasum_setup(names, compression, process_set)
     return wrapped
-
-
-def _sparse_zeros(param: torch.Tensor, sparse_dim: int) -> torch.Tensor:
-    """An empty sparse gradient, so a rank without one joins the others' sparse reduction."""
-    indices = torch.empty((sparse_dim, 0), dtype=torch.int64, device=param.device)
-    values = torch.empty((0, *param.shape[sparse_dim:]), dtype=param.dtype, device=param.device)
-    return torch.sparse_coo_tensor(indices, values, param.shape, check_invariants=False)
 
 
 # Our step() already runs inside the wrapped class's hooked step (via super()), so torch

@@ -63,6 +63,14 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
     return SparseHandle(_register(values_core + indices_core, finish))
 
 
+def sparse_zeros(param: torch.Tensor, sparse_dim: int) -> torch.Tensor:
+    """An empty sparse gradient for param: what a rank without a gradient contributes to
+    the others' sparse reduction, and what an optimizer for sparse gradients can take."""
+    indices = torch.empty((sparse_dim, 0), dtype=torch.int64, device=param.device)
+    values = torch.empty((0, *param.shape[sparse_dim:]), dtype=param.dtype, device=param.device)
+    return torch.sparse_coo_tensor(indices, values, param.shape, check_invariants=False)
+
+
 def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
                      process_set: ProcessSet = global_process_set) -> torch.Tensor:
     from .mpi_ops import synchronize

@@ -494,6 +494,32 @@ def test_broadcast_optimizer_state() -> None:
     expect(ValueError, lambda: hvd.broadcast_optimizer_state(built, root_rank=0),
            "4 param groups", f"rank {last} 2")
     hvd.broadcast_optimizer_state(torch.optim.SGD(layers.parameters(), lr=0.1), root_rank=0)
+    # What Horovod's state-creating step leaves behind, which scripts read: on a rank with
+    # no state yet, zero gradients where there were none (not for a frozen parameter, and
+    # a gradient already there is kept); empty sparse ones for a sparse embedding of
+    # model=. No step is taken: the weights stay root's.
+    model = nn.Sequential(nn.Embedding(6, 2, sparse=True), nn.Linear(2, 2), nn.Linear(2, 1))
+    model[2].weight.requires_grad_(False)
+    model[1].bias.grad = torch.full((2,), 7.0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9,
+                                                   weight_decay=0.1))
+    hvd.broadcast_optimizer_state(opt, root_rank=0, model=model)
+    embedding, weight, bias = model[0].weight, model[1].weight, model[1].bias
+    check(embedding.grad is not None and embedding.grad.is_sparse
+          and embedding.grad._nnz() == 0, f"sparse embedding's gradient: {embedding.grad}")
+    check(weight.grad is not None and not weight.grad.is_sparse
+          and bool((weight.grad == 0).all()), f"zero gradient: {weight.grad}")
+    check(torch.equal(bias.grad, torch.full((2,), 7.0)), "an existing gradient was replaced")
+    check(model[2].weight.grad is None, "a frozen parameter got a gradient")
+    check(all(torch.equal(a, b) for a, b in zip(before, model.parameters())),
+          "broadcast_optimizer_state changed the weights")
+    check(len(opt.state_dict()["state"]) == 0, "a step created state")
+    sparse_adam = torch.optim.SparseAdam([nn.Embedding(4, 2, sparse=True).weight])
+    hvd.broadcast_optimizer_state(sparse_adam, root_rank=0)
+    check(sparse_adam.param_groups[0]["params"][0].grad.is_sparse, "SparseAdam: not sparse")
+    opt.zero_grad()
 
 
 def test_scheduler_built_before_wrapping() -> None:
