@@ -340,6 +340,18 @@ def test_errors(rank: int, size: int) -> None:
         expect_error(lambda: (hvd.allreduce if other else hvd.allgather)(torch.ones(2),
                                                                           name="mm.kind"),
                      hvd.HorovodInternalError, "mm.kind", "allreduce", "allgather")
+        # A dtype that differs, for every collective, unnamed too (Horovod's type-error
+        # tests): every rank raises, naming the tensor, the op and both dtypes.
+        kind = torch.float32 if other else torch.int32
+        for opname, call in [
+                ("allgather", lambda: hvd.allgather(torch.ones(2, 3, dtype=kind))),
+                ("broadcast", lambda: hvd.broadcast(torch.ones(3, dtype=kind), 0)),
+                ("alltoall", lambda: hvd.alltoall(torch.ones(size, dtype=kind))),
+                ("reducescatter", lambda: hvd.reducescatter(torch.ones(size, 3, dtype=kind))),
+                ("reducescatter", lambda: hvd.grouped_reducescatter(
+                    [torch.ones(size, dtype=kind)]))]:
+            expect_error(call, hvd.HorovodInternalError, f"{opname} of tensor '{opname}.noname.",
+                         "dtype", "int32", "float32")
         # A cached name whose shape changes on one rank: invalidated, then reported.
         hvd.allreduce(torch.ones(2), name="mm.cached")
         expect_error(lambda: hvd.allreduce(torch.ones(3 if other else 2), name="mm.cached"),
