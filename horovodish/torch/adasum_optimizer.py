@@ -29,7 +29,7 @@ class _DistributedAdasumOptimizer:
         if not is_power_of_two(size):
             raise ValueError(f"DistributedOptimizer(op=Adasum) needs a power-of-two number of "
                              f"ranks, not {size}.")
-        self._hvd_names = names
+        self._parameter_names = names
         self._hvd_params = [p for group in self.param_groups for p in group["params"]
                             if p.requires_grad]
         self._hvd_tracked = set(self._hvd_params)
@@ -46,7 +46,7 @@ class _DistributedAdasumOptimizer:
         are not finite, every rank's become so (one integer allreduce), as averaging
         would have made them. For ``synchronize(); scaler.unscale_(); with
         skip_synchronize(): scaler.step()``."""
-        check_tracked(self, self._hvd_tracked, self._hvd_names)
+        check_tracked(self, self._hvd_tracked, self._parameter_names)
         grads = [p.grad for p in self._hvd_params if p.grad is not None]
         dense = [g for g in grads if not g.is_sparse]
         finite = all(bool(torch.isfinite(g._values() if g.is_sparse else g).all())
@@ -64,7 +64,7 @@ class _DistributedAdasumOptimizer:
         yield
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        check_tracked(self, self._hvd_tracked, self._hvd_names)
+        check_tracked(self, self._hvd_tracked, self._parameter_names)
         params = self._hvd_params
         starts = [p.detach().clone() for p in params]
         result = super().step(closure)
@@ -75,7 +75,7 @@ class _DistributedAdasumOptimizer:
                 deltas.append(delta)
                 contexts.append(context)
             combined = mpi_ops.grouped_allreduce(
-                deltas, name=[f"adasum.{self._hvd_names[p]}" for p in params],
+                deltas, name=[f"adasum.{self._parameter_names[p]}" for p in params],
                 op=ReduceOp.ADASUM, process_set=self._hvd_process_set)
             for param, start, delta, context in zip(params, starts, combined, contexts):
                 param.copy_(start + self._hvd_compression.decompress(delta, context))

@@ -12,7 +12,9 @@ Gradients (as in Horovod):
                  one grouped collective)
   broadcast      the grad averaged over ranks on the root, zeros elsewhere
   alltoall       alltoall of the grad back along the received splits
-  reducescatter  allgather of the grad, times the scale factors (and 1/size for Average)
+  reducescatter  allgather of the grad, times the scale factors, and times size for Sum
+                 (Horovod's definition: for Average that is the exact gradient times
+                 size, for Sum size times it, as if each rank's output were averaged)
 """
 from __future__ import annotations
 
@@ -142,20 +144,28 @@ class _Alltoall(torch.autograd.Function):
         return output, None, None, None
 
 
+def _reducescatter_grad_scale(op: ReduceOp, prescale: float, postscale: float,
+                              process_set: ProcessSet) -> float:
+    """What Horovod multiplies the gathered gradient of a reducescatter by: the scale
+    factors, and the set's size for Sum (not 1/size for Average: its gradient is the
+    gathered upstream gradient as it is)."""
+    scale = prescale * postscale
+    return scale * core.resolve(process_set).size() if op == ReduceOp.SUM else scale
+
+
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str, op: ReduceOp, prescale: float,
                 postscale: float, process_set: ProcessSet) -> torch.Tensor:
-        ctx.args = (name, op, prescale * postscale, process_set)
+        ctx.args = (name, _reducescatter_grad_scale(op, prescale, postscale, process_set),
+                    process_set)
         return mpi_ops.synchronize(mpi_ops.reducescatter_async(
             tensor, name, op, process_set, prescale, postscale))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        name, op, scale, process_set = ctx.args
+        name, scale, process_set = ctx.args
         gathered = mpi_ops.allgather(grad, name=f"{name}.grad", process_set=process_set)
-        if op == ReduceOp.AVERAGE:
-            scale /= process_set.size()
         if scale != 1.0:
             gathered = gathered * scale
         return gathered, None, None, None, None, None
@@ -165,17 +175,16 @@ class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, names: list[str], op: ReduceOp, prescale: float, postscale: float,
                 process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.args = (names, op, prescale * postscale, process_set)
+        ctx.args = (names, _reducescatter_grad_scale(op, prescale, postscale, process_set),
+                    process_set)
         return tuple(mpi_ops.synchronize(mpi_ops.grouped_reducescatter_async(
             tensors, names, op, process_set, prescale, postscale)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        names, op, scale, process_set = ctx.args
+        names, scale, process_set = ctx.args
         gathered = mpi_ops.grouped_allgather(list(grads), name=[f"{n}.grad" for n in names],
                                              process_set=process_set)
-        if op == ReduceOp.AVERAGE:
-            scale /= process_set.size()
         if scale != 1.0:
             gathered = [g * scale for g in gathered]
         return (None, None, None, None, None, *gathered)

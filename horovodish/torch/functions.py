@@ -15,6 +15,7 @@ from ..common.api import objects
 from ..common.errors import HorovodInternalError
 from ..common.api.process_sets import ProcessSet, global_process_set
 from . import mpi_ops
+from .sparse import sparse_zeros
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
@@ -85,6 +86,7 @@ def broadcast_parameters(params: Any, root_rank: int,
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: torch.nn.Module | None = None,
                               process_set: ProcessSet = global_process_set) -> None:
     """Make every rank's optimizer state and hyper-parameters root_rank's.
 
@@ -93,8 +95,15 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     unlike Horovod, no zero-gradient step is needed to create missing state: a rank with
     empty state receives root's, and if root's is empty every rank's becomes empty. Works
     on a DistributedOptimizer too (it shares its wrapped optimizer's state).
+
+    What Horovod's step leaves behind is kept, since scripts read it: on a rank whose
+    optimizer had no state, each parameter that requires grad and has no gradient gets a
+    zero one (an empty sparse one for SparseAdam and for the sparse embeddings of
+    ``model``, Horovod's argument for telling them apart).
     """
     state_dict = optimizer.state_dict()
+    if not state_dict["state"]:
+        _zero_missing_grads(optimizer, model)
     is_root = api.rank() == root_rank
     shapes = _param_shapes(optimizer)
     layout = _layout(state_dict, shapes) if is_root else None
@@ -135,6 +144,21 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     restart = getattr(optimizer, "_hvd_restart_agreement", None)
     if restart is not None:
         restart()
+
+
+def _zero_missing_grads(optimizer: torch.optim.Optimizer,
+                        model: torch.nn.Module | None) -> None:
+    """Zero gradients where there are none, as Horovod's state-creating step leaves them
+    (it also overwrote existing gradients with zeros; those are kept here)."""
+    sparse = {id(p) for module in (model.modules() if model is not None else ())
+              if isinstance(module, torch.nn.Embedding) and module.sparse
+              for p in module.parameters()}
+    all_sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.requires_grad and param.grad is None:
+                param.grad = sparse_zeros(param, 1) if all_sparse or id(param) in sparse \
+                    else torch.zeros_like(param)
 
 
 def load_state_in_place(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any],

@@ -61,7 +61,7 @@ from . import mpi_ops
 from .buckets import GradientBuckets
 from .compression import Compression
 from .functions import load_state_in_place
-from .sparse import sparse_allreduce_async
+from .sparse import sparse_allreduce_async, sparse_zeros
 from .tracked import check_tracked
 
 _STATS_KEPT = 1000
@@ -76,7 +76,7 @@ class _DistributedOptimizer:
                    process_set: ProcessSet, bucket_cap_mb: float,
                    buffer_sync: Callable[[], None] | None,
                    gradient_as_bucket_view: bool = True) -> None:
-        self._hvd_names = names
+        self._parameter_names = names
         self._hvd_params = [p for group in self.param_groups for p in group["params"]
                             if p.requires_grad]
         self._hvd_compression = compression
@@ -128,7 +128,7 @@ class _DistributedOptimizer:
             return
         leftovers = [p for p in self._hvd_params if p not in self._hvd_submitted]
         try:
-            check_tracked(self, self._hvd_delay, self._hvd_names)
+            check_tracked(self, self._hvd_delay, self._parameter_names)
             # Before the zeros for gradients this rank lacks: whether to send them
             # sparse depends on what the other ranks had.
             order = self._hvd_agree(leftovers) if not self._hvd_agreed else None
@@ -171,12 +171,17 @@ class _DistributedOptimizer:
                 grad = param.grad
                 if reduced is grad:  # reduced in place
                     continue
-                # Sparse gradients reduced as dense stay dense. A result in a runtime block
+                # A sparse gradient reduced as dense (sparse_as_dense, or in a group) goes
+                # back sparse, as Horovod's does: the optimizer was chosen for sparse
+                # gradients (SparseAdam refuses dense ones). A result in a runtime block
                 # (or a fresh decompressed tensor) is installed rather than copied over
                 # the old gradient, unless the caller asked to keep gradient tensors or
                 # the parameter has another memory layout.
-                if grad.is_sparse or (self._hvd_as_view and param.is_contiguous()
-                                      and reduced.dtype == grad.dtype):
+                sparse_dim = self._hvd_sparse.get(param)
+                if sparse_dim is not None:
+                    param.grad = reduced.to_sparse(sparse_dim)
+                elif grad.is_sparse or (self._hvd_as_view and param.is_contiguous()
+                                        and reduced.dtype == grad.dtype):
                     param.grad = reduced
                 else:
                     grad.copy_(reduced)
@@ -251,7 +256,7 @@ class _DistributedOptimizer:
             return
         if param in self._hvd_submitted or self._hvd_delay[param] <= 0:
             raise AssertionError(
-                f"the gradient of '{self._hvd_names[param]}' was computed more than "
+                f"the gradient of '{self._parameter_names[param]}' was computed more than "
                 f"backward_passes_per_step={self.backward_passes_per_step} times before "
                 "step(). Call step() after each backward, or increase "
                 "backward_passes_per_step to accumulate gradients locally.")
@@ -281,10 +286,10 @@ class _DistributedOptimizer:
         self._hvd_submitted.update(params)
         dense, tensors, ctxs, names = [], [], [], []
         for param in params:
-            name = f"allreduce.{self._hvd_names[param]}"
+            name = f"allreduce.{self._parameter_names[param]}"
             sparse = param in self._hvd_sparse and self._hvd_sends_sparse(param)
             if param.grad is None:  # no gradient on this rank: contribute zeros
-                param.grad = _sparse_zeros(param, self._hvd_sparse[param]) if sparse \
+                param.grad = sparse_zeros(param, self._hvd_sparse[param]) if sparse \
                     else torch.zeros_like(param)
             grad = param.grad
             if sparse and grad.is_sparse:
@@ -321,7 +326,7 @@ class _DistributedOptimizer:
         since a joined rank learns nothing and every rank must bucket alike. The order
         is by the ranks' summed positions (ties by name), the same on every rank.
         Returns the order to bucket by, or None while not settled."""
-        names = self._hvd_names
+        names = self._parameter_names
         params = sorted(self._hvd_params, key=names.__getitem__)
         count = len(params)
         position = {p: i + 1 for i, p in enumerate(self._hvd_buckets.recorded(unseen))}
@@ -391,13 +396,6 @@ def _adasum_optimizer(optimizer: torch.optim.Optimizer,
     return wrapped
 
 
-def _sparse_zeros(param: torch.Tensor, sparse_dim: int) -> torch.Tensor:
-    """An empty sparse gradient, so a rank without one joins the others' sparse reduction."""
-    indices = torch.empty((sparse_dim, 0), dtype=torch.int64, device=param.device)
-    values = torch.empty((0, *param.shape[sparse_dim:]), dtype=param.dtype, device=param.device)
-    return torch.sparse_coo_tensor(indices, values, param.shape, check_invariants=False)
-
-
 # Our step() already runs inside the wrapped class's hooked step (via super()), so torch
 # must not wrap it again when it re-patches classes in load_state_dict/__setstate__.
 _DistributedOptimizer.step.hooked = True  # type: ignore[attr-defined]
@@ -420,14 +418,17 @@ def _distributed_class(base: type) -> type:
 def _parameter_names(optimizer: torch.optim.Optimizer,
                      named_parameters: Iterable[tuple[str, torch.Tensor]] | None
                      ) -> dict[torch.Tensor, str]:
+    """Parameter -> name, kept as the wrapper's ``_parameter_names`` (Horovod's attribute,
+    which scripts read). Without named_parameters: the names a torch >= 2.6 optimizer
+    built from named_parameters() keeps, else Horovod's ``allreduce.noname.{group}.{i}``,
+    the same on every rank that builds the same optimizer."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if named_parameters is None:
-        # torch >= 2.6 optimizers built from named_parameters() keep the names.
         names: dict[torch.Tensor, str] = {}
         for i, group in enumerate(optimizer.param_groups):
             given = group.get("param_names") or [None] * len(group["params"])
             for j, (param, name) in enumerate(zip(group["params"], given)):
-                names[param] = name if name is not None else f"noname.{i}.{j}"
+                names[param] = name if name is not None else f"allreduce.noname.{i}.{j}"
         return names
     pairs = list(named_parameters)
     if any(not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str)

@@ -3,6 +3,11 @@
 The result is the concatenation of all ranks' entries as one uncoalesced sparse tensor
 (duplicate indices add up when it is used or coalesced); Average divides the values by
 the set size. Embedding gradients are the usual customer.
+
+The handle is callable, as Horovod's (its ``sparse_allreduce_async`` returns a function
+and its DistributedOptimizer calls it): ``handle()`` waits and returns the result. It is
+also an integer handle, so ``synchronize(handle)`` and ``poll(handle)`` work on it too
+(Horovod's ``synchronize`` returns None for it and its ``poll`` fails).
 """
 from __future__ import annotations
 
@@ -16,10 +21,20 @@ from ..common.api.process_sets import ProcessSet, global_process_set
 from .mpi_ops import Average, _handles, allgather_async
 
 
+class SparseHandle(int):
+    """An integer handle that is also Horovod's callable: ``handle()`` is
+    ``synchronize(handle)``."""
+
+    def __call__(self) -> torch.Tensor:
+        from .mpi_ops import synchronize
+        return synchronize(self)
+
+
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
                            op: ReduceOp = Average,
-                           process_set: ProcessSet = global_process_set) -> int:
-    """Start a sparse allreduce; ``synchronize(handle)`` returns the reduced sparse tensor."""
+                           process_set: ProcessSet = global_process_set) -> SparseHandle:
+    """Start a sparse allreduce; ``handle()`` (or ``synchronize(handle)``) returns the
+    reduced sparse tensor."""
     if not tensor.is_sparse:
         raise TypeError(f"sparse_allreduce_async expects a sparse COO tensor, got layout "
                         f"{tensor.layout}; use allreduce_async for dense tensors")
@@ -45,7 +60,15 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
         return torch.sparse_coo_tensor(indices.t(), values, tensor.shape, check_invariants=False)
 
     from .mpi_ops import _register
-    return _register(values_core + indices_core, finish)
+    return SparseHandle(_register(values_core + indices_core, finish))
+
+
+def sparse_zeros(param: torch.Tensor, sparse_dim: int) -> torch.Tensor:
+    """An empty sparse gradient for param: what a rank without a gradient contributes to
+    the others' sparse reduction, and what an optimizer for sparse gradients can take."""
+    indices = torch.empty((sparse_dim, 0), dtype=torch.int64, device=param.device)
+    values = torch.empty((0, *param.shape[sparse_dim:]), dtype=param.dtype, device=param.device)
+    return torch.sparse_coo_tensor(indices, values, param.shape, check_invariants=False)
 
 
 def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,

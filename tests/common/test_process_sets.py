@@ -59,6 +59,7 @@ def test_registration_proposals_that_go_ahead(proposals):
      ["different calls", "rank 0: add_process_set([0, 1]); rank 1: remove_process_set(1)"]),
     ([(ADD, [0, 1], None), (ADD, [0, 1], "a process set with ranks [0, 1] already exists")],
      ["rank 1: a process set with ranks [0, 1] already exists"]),
+    ([(ADD, [0, 1], "it exists")] * 2, ["it exists (on every rank)"]),  # said once
 ])
 def test_registration_proposals_that_cannot(proposals, needles):
     problem = disagreement(proposals)

@@ -125,7 +125,11 @@ def _registration_problem(state_: State, process_set: Any) -> str | None:
         return f"process set ranks {ranks} must be distinct ranks in 0..{state_.size - 1}"
     for existing in state_.process_sets.values():
         if existing.ranks == ranks and existing.process_set_id != 0:
-            return f"a process set with ranks {ranks} already exists: {existing!r}"
+            # Horovod's rule: one set per group of ranks (two would share nothing but
+            # the ranks, and unnamed ops of the two would be numbered apart).
+            return (f"a process set with ranks {ranks} already exists (process set id "
+                    f"{existing.process_set_id}). Use that ProcessSet, or call "
+                    "hvd.remove_process_set() on it before adding these ranks again")
     return None
 
 

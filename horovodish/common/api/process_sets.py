@@ -83,7 +83,10 @@ def disagreement(proposals: Sequence[Proposal]) -> str | None:
         return f"the ranks made different calls ({said}); every rank makes the same calls " \
                "in the same order."
     (call,) = calls
-    problems = [f"rank {rank}: {problem}" for rank, (_, _, problem) in enumerate(proposals)
+    found = [problem for _, _, problem in proposals]
+    if found[0] is not None and all(problem == found[0] for problem in found):
+        return f"{found[0]} (on every rank)"  # once, not once per rank
+    problems = [f"rank {rank}: {problem}" for rank, problem in enumerate(found)
                 if problem is not None]
     if problems:
         return "; ".join(problems)

@@ -119,6 +119,12 @@ def main(mode: str) -> None:
         expect(ValueError, lambda: remove_process_set(spare if rank else global_process_set),
                "rank 0: the global process set cannot be removed")
         assert remove_process_set(ProcessSet([0, 1])) is False  # on every rank: nothing to do
+        # A second set with the same ranks: Horovod's rule (refused), with the existing
+        # set's id and the way out, said once for all ranks.
+        twin = spare.process_set_id
+        expect(ValueError, lambda: add_process_set([1, 2]), "add_process_set: a process set "
+               f"with ranks [1, 2] already exists (process set id {twin})",
+               "hvd.remove_process_set()", "(on every rank)")
         remove_process_set(spare)
         remove_process_set(odds)
         # MPI.COMM_NULL on one rank (Split with MPI.UNDEFINED): every rank raises.

@@ -1,7 +1,9 @@
 """Gradients of the torch collectives against analytic references, on every rank.
 
 Each rank's input x_r and upstream weight w_r are pure functions of (rank, name), so every
-rank can compute the exact gradient of loss = sum_r <w_r, op(x)_r> for its own input.
+rank can compute the gradient of loss = sum_r <w_r, op(x)_r> for its own input: the exact
+one, or Horovod's definition where it differs (allgather and broadcast average the
+upstream gradients over ranks; reducescatter scales them, see docs/api.md).
 Exits non-zero on the first failure.
 """
 from __future__ import annotations
@@ -85,6 +87,7 @@ def test_grouped_allgather(rank: int, size: int) -> None:
 
 
 def test_grouped_reducescatter(rank: int, size: int) -> None:
+    """Horovod's gradient (see test_reducescatter), per tensor of the group."""
     for op, pre, post in [(hvd.Sum, 1.0, 1.0), (hvd.Average, 2.0, 0.5)]:
         key = f"grs.{op}"
         shapes = [(2 * size + 1, 2), (size, 3)]
@@ -99,7 +102,7 @@ def test_grouped_reducescatter(rank: int, size: int) -> None:
         for i, (_, cols) in enumerate(shapes):
             want = torch.cat([data(r, f"{key}.w{i}", (counts[i][r], cols))
                               for r in range(size)]) * pre * post
-            same(xs[i].grad, want / size if op == hvd.Average else want,
+            same(xs[i].grad, want * size if op == hvd.Sum else want,
                  f"grouped reducescatter {key} {i}")
 
 
@@ -147,7 +150,9 @@ def test_reducescatter(rank: int, size: int) -> None:
         check(y.shape == (counts[rank], 2), f"reducescatter shape {tuple(y.shape)}")
         (y * data(rank, key + ".w", (counts[rank], 2))).sum().backward()
         want = torch.cat([data(r, key + ".w", (counts[r], 2)) for r in range(size)]) * pre * post
-        same(x.grad, want / size if op == hvd.Average else want, f"reducescatter {key}")
+        # Horovod's gradient, not the exact one: the gathered upstream gradients times
+        # the scale factors, and times size for Sum (the exact gradient has 1 and 1/size).
+        same(x.grad, want * size if op == hvd.Sum else want, f"reducescatter {key}")
 
 
 def test_no_grad_paths(rank: int, size: int) -> None:

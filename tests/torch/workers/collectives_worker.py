@@ -340,6 +340,18 @@ def test_errors(rank: int, size: int) -> None:
         expect_error(lambda: (hvd.allreduce if other else hvd.allgather)(torch.ones(2),
                                                                           name="mm.kind"),
                      hvd.HorovodInternalError, "mm.kind", "allreduce", "allgather")
+        # A dtype that differs, for every collective, unnamed too (Horovod's type-error
+        # tests): every rank raises, naming the tensor, the op and both dtypes.
+        kind = torch.float32 if other else torch.int32
+        for opname, call in [
+                ("allgather", lambda: hvd.allgather(torch.ones(2, 3, dtype=kind))),
+                ("broadcast", lambda: hvd.broadcast(torch.ones(3, dtype=kind), 0)),
+                ("alltoall", lambda: hvd.alltoall(torch.ones(size, dtype=kind))),
+                ("reducescatter", lambda: hvd.reducescatter(torch.ones(size, 3, dtype=kind))),
+                ("reducescatter", lambda: hvd.grouped_reducescatter(
+                    [torch.ones(size, dtype=kind)]))]:
+            expect_error(call, hvd.HorovodInternalError, f"{opname} of tensor '{opname}.noname.",
+                         "dtype", "int32", "float32")
         # A cached name whose shape changes on one rank: invalidated, then reported.
         hvd.allreduce(torch.ones(2), name="mm.cached")
         expect_error(lambda: hvd.allreduce(torch.ones(3 if other else 2), name="mm.cached"),
@@ -384,6 +396,17 @@ def test_sparse(rank: int, size: int) -> None:
         if op == hvd.Average:
             want = want / size
         same(got.to_dense(), want, f"sparse allreduce {op}")
+        # The async handle is Horovod's callable (handle() gives the result), and an
+        # integer handle that synchronize and poll take as well.
+        called = hvd.sparse_allreduce_async(sparse_of(rank), name=f"sparse.call.{op}", op=op)
+        check(callable(called), "sparse_allreduce_async handle is not callable")
+        got = called()
+        check(got.is_sparse, "sparse result through handle()")
+        same(got.to_dense(), want, f"sparse allreduce handle() {op}")
+        waited = hvd.sparse_allreduce_async(sparse_of(rank), name=f"sparse.sync.{op}", op=op)
+        while not hvd.poll(waited):
+            pass
+        same(hvd.synchronize(waited).to_dense(), want, f"sparse allreduce synchronize {op}")
     expect_error(lambda: hvd.sparse_allreduce(sparse_of(rank), op=hvd.Max), ValueError, "Max")
 
 

@@ -207,9 +207,33 @@ def test_sparse() -> None:
         model, _ = train(plain, model=Embedder(sparse=True), loss_fn=loss_fn,
                          sparse_as_dense=as_dense)
         close(model, want, 1e-5, f"sparse gradients, sparse_as_dense={as_dense}")
-    dense, _ = train(ADAM, model=Embedder(sparse=True), loss_fn=loss_fn, sparse_as_dense=True)
-    close(dense, reference(ADAM, model=Embedder(sparse=False), loss_fn=loss_fn), 1e-5,
-          "Adam on sparse_as_dense gradients")
+
+
+class EmbeddingOnly(nn.Module):
+    """Only sparse gradients: what SparseAdam takes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.embedding = nn.Embedding(30, 4, sparse=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embedding((x.abs() * 10).long().clamp(max=29)[:, :3]).mean(1)
+
+
+def test_sparse_adam() -> None:
+    """The reduced gradient reaches the optimizer sparse, whether it travelled sparse or
+    dense (sparse_as_dense, Horovod's rule): SparseAdam refuses dense gradients. Against
+    SparseAdam on the whole batch."""
+    sparse_adam = lambda p: torch.optim.SparseAdam(list(p), lr=0.05)  # noqa: E731
+    loss_fn = lambda m, x, y, r: F.mse_loss(m(x), y)  # noqa: E731
+    want = reference(sparse_adam, model=EmbeddingOnly(), loss_fn=loss_fn)
+    for as_dense in (True, False):
+        for in_place in (True, False):
+            model, _ = train(sparse_adam, model=EmbeddingOnly(), loss_fn=loss_fn,
+                             sparse_as_dense=as_dense, gradient_as_bucket_view=in_place)
+            close(model, want, 1e-5, f"SparseAdam, sparse_as_dense={as_dense}, "
+                  f"gradient_as_bucket_view={in_place}")
 
 
 def test_sparse_on_some_ranks_in_the_first_step() -> None:
@@ -368,6 +392,29 @@ def test_errors() -> None:
           "step() after synchronize() did not warn")
 
 
+def test_parameter_names() -> None:
+    """Horovod's ``_parameter_names`` (parameter -> name), which scripts read: the given
+    names, else Horovod's defaults, distinct and the same on every rank."""
+    model = make_model()
+    named = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+    check(named._parameter_names == {p: n for n, p in model.named_parameters()},
+          f"_parameter_names with names given: {list(named._parameter_names.values())}")
+    groups = lambda: [{"params": model[0].parameters()},  # noqa: E731
+                      {"params": model[2].parameters()}]
+    unnamed = hvd.DistributedOptimizer(torch.optim.SGD(groups(), lr=0.1))
+    want = {p: f"allreduce.noname.{i}.{j}"
+            for i, layer in enumerate((model[0], model[2]))
+            for j, p in enumerate(layer.parameters())}
+    check(unnamed._parameter_names == want,
+          f"default _parameter_names: {list(unnamed._parameter_names.values())}")
+    everyone = hvd.allgather_object(sorted(unnamed._parameter_names.values()))
+    check(all(names == everyone[0] for names in everyone), f"names differ: {everyone}")
+    if hvd.size() & (hvd.size() - 1) == 0:  # Adasum runs on a power of two only
+        adasum = hvd.DistributedOptimizer(torch.optim.SGD(groups(), lr=0.1), op=hvd.Adasum)
+        check(adasum._parameter_names == want, "Adasum _parameter_names")
+
+
 def test_untracked_parameters() -> None:
     """A parameter frozen when the optimizer was wrapped and unfrozen later, or added with
     add_param_group: its gradient would not be reduced, so step() refuses, on every rank,
@@ -447,6 +494,32 @@ def test_broadcast_optimizer_state() -> None:
     expect(ValueError, lambda: hvd.broadcast_optimizer_state(built, root_rank=0),
            "4 param groups", f"rank {last} 2")
     hvd.broadcast_optimizer_state(torch.optim.SGD(layers.parameters(), lr=0.1), root_rank=0)
+    # What Horovod's state-creating step leaves behind, which scripts read: on a rank with
+    # no state yet, zero gradients where there were none (not for a frozen parameter, and
+    # a gradient already there is kept); empty sparse ones for a sparse embedding of
+    # model=. No step is taken: the weights stay root's.
+    model = nn.Sequential(nn.Embedding(6, 2, sparse=True), nn.Linear(2, 2), nn.Linear(2, 1))
+    model[2].weight.requires_grad_(False)
+    model[1].bias.grad = torch.full((2,), 7.0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9,
+                                                   weight_decay=0.1))
+    hvd.broadcast_optimizer_state(opt, root_rank=0, model=model)
+    embedding, weight, bias = model[0].weight, model[1].weight, model[1].bias
+    check(embedding.grad is not None and embedding.grad.is_sparse
+          and embedding.grad._nnz() == 0, f"sparse embedding's gradient: {embedding.grad}")
+    check(weight.grad is not None and not weight.grad.is_sparse
+          and bool((weight.grad == 0).all()), f"zero gradient: {weight.grad}")
+    check(torch.equal(bias.grad, torch.full((2,), 7.0)), "an existing gradient was replaced")
+    check(model[2].weight.grad is None, "a frozen parameter got a gradient")
+    check(all(torch.equal(a, b) for a, b in zip(before, model.parameters())),
+          "broadcast_optimizer_state changed the weights")
+    check(len(opt.state_dict()["state"]) == 0, "a step created state")
+    sparse_adam = torch.optim.SparseAdam([nn.Embedding(4, 2, sparse=True).weight])
+    hvd.broadcast_optimizer_state(sparse_adam, root_rank=0)
+    check(sparse_adam.param_groups[0]["params"][0].grad.is_sparse, "SparseAdam: not sparse")
+    opt.zero_grad()
 
 
 def test_scheduler_built_before_wrapping() -> None:
@@ -640,10 +713,11 @@ def main() -> None:
     torch.set_num_threads(1)
     started = time.perf_counter()
     for test in [test_equivalence, test_gradient_identity, test_branch_on_one_rank,
-                 test_sparse, test_sparse_on_some_ranks_in_the_first_step,
+                 test_sparse, test_sparse_adam, test_sparse_on_some_ranks_in_the_first_step,
                  test_join_before_the_first_step, test_parameter_order_differs_between_ranks,
                  test_rebuilt_optimizer_on_one_rank, test_muon,
-                 test_errors, test_untracked_parameters, test_broadcast_optimizer_state,
+                 test_errors, test_parameter_names, test_untracked_parameters,
+                 test_broadcast_optimizer_state,
                  test_scheduler_built_before_wrapping, test_learned_order,
                  test_learned_order_follows_use,
                  test_overlap_with_backward]:
