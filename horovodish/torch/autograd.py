@@ -1,6 +1,9 @@
-"""Gradients of the collectives (Horovod's), so they can sit inside a model's forward.
+"""The blocking collectives, differentiable (Horovod's gradients), on top of async_ops.
 
-``mpi_ops``' blocking forms route here when an input requires grad. Each backward is
+Each function here runs the plain asynchronous collective and waits, unless autograd
+would record the op (an input requires grad), in which case it runs it as a
+``torch.autograd.Function``. A backward calls these same functions, so gradients of
+gradients work too. ``mpi_ops``' blocking forms add compression on top. Each backward is
 itself a collective, so every rank must run it: the name of a backward op is the
 forward's name plus ``.grad``, and an unnamed forward gets its automatic name *before*
 it runs, so backward names agree across ranks whenever forward names do.
@@ -26,7 +29,13 @@ from ..common import api
 from ..common.api import collectives as core
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet
-from . import mpi_ops
+from . import async_ops
+
+
+def _wants_grad(*tensors: torch.Tensor) -> bool:
+    """Autograd would record an op on these inputs: take the differentiable path."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in tensors)
 
 
 def _name(name: str | None, opname: str, process_set: ProcessSet) -> str:
@@ -38,15 +47,14 @@ class _Allreduce(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str, op: ReduceOp, prescale: float,
                 postscale: float, process_set: ProcessSet) -> torch.Tensor:
         ctx.args = (name, op, prescale, postscale, process_set)
-        return mpi_ops.synchronize(mpi_ops.allreduce_async(
+        return async_ops.synchronize(async_ops.allreduce_async(
             tensor, name=name, op=op, prescale_factor=prescale, postscale_factor=postscale,
             process_set=process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         name, op, prescale, postscale, process_set = ctx.args
-        return (mpi_ops.allreduce(grad, name=f"{name}.grad", op=op, prescale_factor=prescale,
-                                  postscale_factor=postscale, process_set=process_set),
+        return (allreduce(grad, f"{name}.grad", op, prescale, postscale, process_set),
                 None, None, None, None, None)
 
 
@@ -55,16 +63,15 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx: Any, names: list[str], op: ReduceOp, prescale: float, postscale: float,
                 process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.args = (names, op, prescale, postscale, process_set)
-        return tuple(mpi_ops.synchronize(mpi_ops.grouped_allreduce_async(
+        return tuple(async_ops.synchronize(async_ops.grouped_allreduce_async(
             tensors, name=names, op=op, prescale_factor=prescale, postscale_factor=postscale,
             process_set=process_set)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         names, op, prescale, postscale, process_set = ctx.args
-        reduced = mpi_ops.grouped_allreduce(
-            list(grads), name=[f"{n}.grad" for n in names], op=op, prescale_factor=prescale,
-            postscale_factor=postscale, process_set=process_set)
+        reduced = grouped_allreduce(list(grads), [f"{n}.grad" for n in names], op, prescale,
+                                    postscale, process_set)
         return (None, None, None, None, None, *reduced)
 
 
@@ -73,16 +80,15 @@ class _Allgather(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str,
                 process_set: ProcessSet) -> torch.Tensor:
         ctx.args = (name, tensor.shape[0], process_set)
-        return mpi_ops.synchronize(mpi_ops.allgather_async(tensor, name, process_set))
+        return async_ops.synchronize(async_ops.allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         name, rows, process_set = ctx.args
-        reduced = mpi_ops.allreduce(grad, name=f"{name}.grad", op=ReduceOp.AVERAGE,
-                                    process_set=process_set)
+        reduced = allreduce(grad, f"{name}.grad", ReduceOp.AVERAGE, 1.0, 1.0, process_set)
         # Every rank's row count, to find where this rank's rows start.
-        counts = mpi_ops.allgather(torch.tensor([rows], dtype=torch.int64),
-                                   name=f"{name}.grad.rows", process_set=process_set)
+        counts = allgather(torch.tensor([rows], dtype=torch.int64), f"{name}.grad.rows",
+                           process_set)
         offset = int(counts[:process_set.rank()].sum())
         return reduced.narrow(0, offset, rows), None, None
 
@@ -92,17 +98,16 @@ class _GroupedAllgather(torch.autograd.Function):
     def forward(ctx: Any, names: list[str], process_set: ProcessSet,
                 *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.args = (names, [t.shape[0] for t in tensors], process_set)
-        return tuple(mpi_ops.synchronize(mpi_ops.grouped_allgather_async(
+        return tuple(async_ops.synchronize(async_ops.grouped_allgather_async(
             tensors, names, process_set)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         names, rows, process_set = ctx.args
-        reduced = mpi_ops.grouped_allreduce(
-            list(grads), name=[f"{n}.grad" for n in names], op=ReduceOp.AVERAGE,
-            process_set=process_set)
-        counts = mpi_ops.allgather(torch.tensor([rows], dtype=torch.int64),
-                                   name=f"{names[0]}.grad.rows", process_set=process_set)
+        reduced = grouped_allreduce(list(grads), [f"{n}.grad" for n in names],
+                                    ReduceOp.AVERAGE, 1.0, 1.0, process_set)
+        counts = allgather(torch.tensor([rows], dtype=torch.int64), f"{names[0]}.grad.rows",
+                           process_set)
         offsets = counts[:process_set.rank()].sum(dim=0).tolist()
         return (None, None, *(grad.narrow(0, offset, count)
                               for grad, offset, count in zip(reduced, offsets, rows)))
@@ -113,14 +118,13 @@ class _Broadcast(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str,
                 process_set: ProcessSet) -> torch.Tensor:
         ctx.args = (root_rank, name, process_set)
-        return mpi_ops.synchronize(mpi_ops.broadcast_async(tensor, root_rank, name,
+        return async_ops.synchronize(async_ops.broadcast_async(tensor, root_rank, name,
                                                            process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         root_rank, name, process_set = ctx.args
-        reduced = mpi_ops.allreduce(grad, name=f"{name}.grad", op=ReduceOp.AVERAGE,
-                                    process_set=process_set)
+        reduced = allreduce(grad, f"{name}.grad", ReduceOp.AVERAGE, 1.0, 1.0, process_set)
         if api.rank() != root_rank:
             reduced = torch.zeros_like(reduced)
         return reduced, None, None, None
@@ -130,7 +134,7 @@ class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, splits: list[int] | None, name: str,
                 process_set: ProcessSet) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received = mpi_ops.synchronize(mpi_ops._alltoall_async(
+        output, received = async_ops.synchronize(async_ops.alltoall_async(
             tensor, splits, name, process_set, with_received=True))
         ctx.args = (received.tolist(), name, process_set)
         ctx.mark_non_differentiable(received)
@@ -139,8 +143,7 @@ class _Alltoall(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple:
         received, name, process_set = ctx.args
-        output, _ = mpi_ops.alltoall(grad, splits=received, name=f"{name}.grad",
-                                     process_set=process_set)
+        output, _ = alltoall(grad, received, f"{name}.grad", process_set)
         return output, None, None, None
 
 
@@ -159,13 +162,13 @@ class _Reducescatter(torch.autograd.Function):
                 postscale: float, process_set: ProcessSet) -> torch.Tensor:
         ctx.args = (name, _reducescatter_grad_scale(op, prescale, postscale, process_set),
                     process_set)
-        return mpi_ops.synchronize(mpi_ops.reducescatter_async(
+        return async_ops.synchronize(async_ops.reducescatter_async(
             tensor, name, op, process_set, prescale, postscale))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         name, scale, process_set = ctx.args
-        gathered = mpi_ops.allgather(grad, name=f"{name}.grad", process_set=process_set)
+        gathered = allgather(grad, f"{name}.grad", process_set)
         if scale != 1.0:
             gathered = gathered * scale
         return gathered, None, None, None, None, None
@@ -177,14 +180,13 @@ class _GroupedReducescatter(torch.autograd.Function):
                 process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.args = (names, _reducescatter_grad_scale(op, prescale, postscale, process_set),
                     process_set)
-        return tuple(mpi_ops.synchronize(mpi_ops.grouped_reducescatter_async(
+        return tuple(async_ops.synchronize(async_ops.grouped_reducescatter_async(
             tensors, names, op, process_set, prescale, postscale)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         names, scale, process_set = ctx.args
-        gathered = mpi_ops.grouped_allgather(list(grads), name=[f"{n}.grad" for n in names],
-                                             process_set=process_set)
+        gathered = grouped_allgather(list(grads), [f"{n}.grad" for n in names], process_set)
         if scale != 1.0:
             gathered = [g * scale for g in gathered]
         return (None, None, None, None, None, *gathered)
@@ -192,6 +194,9 @@ class _GroupedReducescatter(torch.autograd.Function):
 
 def allreduce(tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
               postscale: float, process_set: ProcessSet) -> torch.Tensor:
+    if not _wants_grad(tensor):
+        return async_ops.synchronize(async_ops.allreduce_async(
+            tensor, None, name, op, prescale, postscale, process_set))
     name = _name(name, "allreduce", process_set)
     return _Allreduce.apply(tensor, name, op, prescale, postscale, process_set)
 
@@ -199,37 +204,54 @@ def allreduce(tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: fl
 def grouped_allreduce(tensors: Sequence[torch.Tensor], name: Any, op: ReduceOp,
                       prescale: float, postscale: float,
                       process_set: ProcessSet) -> list[torch.Tensor]:
-    names = mpi_ops._names(name, len(tensors), "allreduce", process_set)
+    if not _wants_grad(*tensors):
+        return async_ops.synchronize(async_ops.grouped_allreduce_async(
+            tensors, None, name, op, prescale, postscale, process_set))
+    names = async_ops.names_for(name, len(tensors), "allreduce", process_set)
     return list(_GroupedAllreduce.apply(names, op, prescale, postscale, process_set, *tensors))
 
 
 def allgather(tensor: torch.Tensor, name: str | None,
               process_set: ProcessSet) -> torch.Tensor:
+    if not _wants_grad(tensor):
+        return async_ops.synchronize(async_ops.allgather_async(tensor, name, process_set))
     return _Allgather.apply(tensor, _name(name, "allgather", process_set), process_set)
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Any,
                       process_set: ProcessSet) -> list[torch.Tensor]:
-    names = mpi_ops._names(name, len(tensors), "allgather", process_set)
+    if not _wants_grad(*tensors):
+        return async_ops.synchronize(async_ops.grouped_allgather_async(tensors, name,
+                                                                       process_set))
+    names = async_ops.names_for(name, len(tensors), "allgather", process_set)
     return list(_GroupedAllgather.apply(names, process_set, *tensors))
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Any, op: ReduceOp,
                           prescale: float, postscale: float,
                           process_set: ProcessSet) -> list[torch.Tensor]:
-    names = mpi_ops._names(name, len(tensors), "reducescatter", process_set)
+    if not _wants_grad(*tensors):
+        return async_ops.synchronize(async_ops.grouped_reducescatter_async(
+            tensors, name, op, process_set, prescale, postscale))
+    names = async_ops.names_for(name, len(tensors), "reducescatter", process_set)
     return list(_GroupedReducescatter.apply(names, ReduceOp(op), prescale, postscale,
                                             process_set, *tensors))
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None,
               process_set: ProcessSet) -> torch.Tensor:
+    if not _wants_grad(tensor):
+        return async_ops.synchronize(async_ops.broadcast_async(tensor, root_rank, name,
+                                                               process_set))
     return _Broadcast.apply(tensor, root_rank, _name(name, "broadcast", process_set),
                             process_set)
 
 
 def alltoall(tensor: torch.Tensor, splits: Any, name: str | None,
              process_set: ProcessSet) -> Any:
+    if not _wants_grad(tensor):
+        return async_ops.synchronize(async_ops.alltoall_async(tensor, splits, name,
+                                                              process_set))
     split_list = None
     if splits is not None:
         split_list = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor)
@@ -241,5 +263,8 @@ def alltoall(tensor: torch.Tensor, splits: Any, name: str | None,
 
 def reducescatter(tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
                   postscale: float, process_set: ProcessSet) -> torch.Tensor:
+    if not _wants_grad(tensor):
+        return async_ops.synchronize(async_ops.reducescatter_async(
+            tensor, name, op, process_set, prescale, postscale))
     return _Reducescatter.apply(tensor, _name(name, "reducescatter", process_set),
                                 ReduceOp(op), prescale, postscale, process_set)

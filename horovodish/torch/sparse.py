@@ -18,7 +18,8 @@ import torch
 from ..common.api import collectives as core
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
-from .mpi_ops import Average, _handles, allgather_async
+from . import async_ops
+from .async_ops import Average, allgather_async
 
 
 class SparseHandle(int):
@@ -26,8 +27,7 @@ class SparseHandle(int):
     ``synchronize(handle)``."""
 
     def __call__(self) -> torch.Tensor:
-        from .mpi_ops import synchronize
-        return synchronize(self)
+        return async_ops.synchronize(self)
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
@@ -48,8 +48,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
     values_handle = allgather_async(sparse._values().contiguous(), f"{name}.values", process_set)
     indices_handle = allgather_async(sparse._indices().t().contiguous(), f"{name}.indices",
                                      process_set)
-    values_core, values_finish = _handles.pop(values_handle)
-    indices_core, indices_finish = _handles.pop(indices_handle)
+    values_core, values_finish = async_ops.take(values_handle)
+    indices_core, indices_finish = async_ops.take(indices_handle)
     size = process_set.size()
 
     def finish(results: list[Any]) -> torch.Tensor:
@@ -59,8 +59,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
             values = values / size
         return torch.sparse_coo_tensor(indices.t(), values, tensor.shape, check_invariants=False)
 
-    from .mpi_ops import _register
-    return SparseHandle(_register(values_core + indices_core, finish))
+    return SparseHandle(async_ops.register(values_core + indices_core, finish))
 
 
 def sparse_zeros(param: torch.Tensor, sparse_dim: int) -> torch.Tensor:
@@ -73,5 +72,4 @@ def sparse_zeros(param: torch.Tensor, sparse_dim: int) -> torch.Tensor:
 
 def sparse_allreduce(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
                      process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    from .mpi_ops import synchronize
-    return synchronize(sparse_allreduce_async(tensor, name, op, process_set))
+    return async_ops.synchronize(sparse_allreduce_async(tensor, name, op, process_set))

@@ -9,7 +9,7 @@ import torch
 
 import horovodish.torch as hvd
 from horovodish.common.runtime.handles import Completions, Handle
-from horovodish.torch import mpi_ops
+from horovodish.torch import async_ops
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def world_of_one():
 
 
 def _core_names(handle: int) -> list[str]:
-    handles = mpi_ops._handles[handle][0]
+    handles = async_ops._handles[handle][0]
     return [h.name for h in (handles if isinstance(handles, list) else [handles])]
 
 
@@ -61,7 +61,7 @@ def test_poll_from_another_thread_while_synchronize_waits():
     """A handle stays known until synchronize has finished waiting on it."""
     completions = Completions()
     pending = Handle("t", completions)
-    handle = mpi_ops._register([pending], lambda results: results[0])
+    handle = async_ops.register([pending], lambda results: results[0])
     returned: list = []
     waiter = threading.Thread(target=lambda: returned.append(hvd.synchronize(handle)),
                               daemon=True)
@@ -83,7 +83,7 @@ def test_synchronize_twice_returns_none_as_in_horovod():
     and again in step() relies on it); a handle never issued still raises."""
     completions = Completions()
     pending = Handle("t", completions)
-    handle = mpi_ops._register([pending], lambda results: results[0])
+    handle = async_ops.register([pending], lambda results: results[0])
     pending.finish("done")
     assert hvd.synchronize(handle) == "done"
     assert hvd.synchronize(handle) is None

@@ -33,7 +33,7 @@ def test_distributed_optimizer(np):
                                     "modules_worker.py"])
 def test_host_staged_path_that_cuda_tensors_take(worker):
     """Every tensor copied to host memory and its result copied back, as for a CUDA
-    tensor (see worker_support.stage_every_tensor): the same checks must hold."""
+    tensor (see workers/torch_staging.stage_every_tensor): the same checks must hold."""
     _run(worker, 2, {"STAGE_THROUGH_HOST": "1"})
 
 

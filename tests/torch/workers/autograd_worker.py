@@ -14,7 +14,7 @@ import zlib
 import torch
 
 import horovodish.torch as hvd
-from worker_support import check, run
+from torch_staging import check, run
 
 
 def data(rank: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 import horovodish.torch as hvd
 from horovodish.common.api import collectives as core
-from worker_support import check, run
+from torch_staging import check, run
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.bool]

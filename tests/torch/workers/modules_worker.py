@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import horovodish.torch as hvd
-from worker_support import check, run
+from torch_staging import check, run
 
 
 def data(rank: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:

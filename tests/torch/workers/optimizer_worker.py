@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import horovodish.torch as hvd
-from worker_support import check, run
+from torch_staging import check, run
 from horovodish.torch import mpi_ops
 
 BATCH = 24  # divisible by 1, 2, 3, 4 and 6 ranks, and by 2 micro-batches on each

@@ -20,14 +20,14 @@ def stage_every_tensor() -> list[int]:
     host, collective, result copied back or moved to the tensor's device): a CPU-only
     machine cannot make a CUDA tensor, but the copies and write-backs are the same code.
     Returns a counter of staged tensors, to check that the path really ran."""
-    from horovodish.torch import mpi_ops, tensor_views
+    from horovodish.torch import async_ops, tensor_views
     staged = [0]
 
     def always(tensor) -> bool:
         staged[0] += 1
         return True
     tensor_views.staged = always
-    mpi_ops._plain_array = lambda tensor: None  # the CPU-only fast path
+    async_ops._plain_array = lambda tensor: None  # the CPU-only fast path
     return staged
 
 
