@@ -55,7 +55,7 @@ def _alternating(fns: dict[str, Callable[[], None]], comm: MPI.Comm, rounds: int
                  ) -> dict[str, list[float]]:
     """Seconds per call of each contender in each round; every contender is timed in
     every round, back to back, so that a slow spell of this shared machine (MPICH's own
-    4 MiB allreduce swings 0.4 to 2.5 ms here) hits both sides of a ratio. ``around``
+    allreduce swings several-fold here: docs/tuning.md) hits both sides of a ratio. ``around``
     gives a contender a context to be timed in (a timeline recording, say)."""
     around = around or {}
     times: dict[str, list[float]] = {key: [] for key in fns}

@@ -1,7 +1,7 @@
 """Local copies between one flat buffer and many arrays, in one C call each.
 
-Unpacking 256 small tensors one np.copyto at a time costs ~1.4 us of Python per tensor,
-about twice the copying itself when two ranks share the memory bus. An MPI datatype
+Unpacking hundreds of small tensors one np.copyto at a time costs more Python per
+tensor than the copying itself (docs/tuning.md). An MPI datatype
 that lists the outputs' absolute addresses lets MPI copy them all in one call: a
 message from this process to itself, on a private copy of COMM_SELF (one per runtime
 thread, so two threads' copies can never match each other's messages).
@@ -105,8 +105,8 @@ def _layout(arrays: list[np.ndarray | None], counts: list[int], dtype: np.dtype,
             gaps = True
             continue
         # carray: C-contiguous, aligned and writeable (MPI would write a read-only array
-        # regardless) in one lookup. A 1 MiB piece of a burst has 64 arrays, and size
-        # and dtype alone cost ~0.3 us each: sized callers skip them.
+        # regardless) in one lookup. A 1 MiB piece of a burst has dozens of arrays,
+        # and reading size and dtype costs per array: sized callers skip them.
         if not array.flags.carray or not sized and (
                 array.size != count or array.dtype != dtype):
             return None

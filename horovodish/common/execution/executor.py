@@ -120,7 +120,7 @@ class Executor:
                 op: ReduceOp) -> list[tuple[int, int]]:
         """Consecutive runs of a group's tensors, each about PIPELINE_PIECE_BYTES, to pack,
         reduce and copy out one after the other: a 1 MiB fusion buffer stays in cache
-        where a 4 MiB one does not (256 x 16 KiB, 2 ranks: 1.5-1.9 ms against 2.0-2.3 ms).
+        where a 4 MiB one does not (docs/tuning.md).
         One run when pieces would change the backend the group's size chose (the ring
         is faster for large buffers). Every rank cuts at the same tensors."""
         if not backend.pipelined or len(counts) < 2 or \

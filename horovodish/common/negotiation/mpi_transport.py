@@ -29,9 +29,8 @@ def wait_politely(request: MPI.Request, max_sleep: float = _MAX_SLEEP,
     False if time.monotonic() passed deadline first.
 
     With a deadline the waiter is a caller blocked anyway, for at most that long (a
-    couple of ms): it polls without sleeping, since one sleep costs 60 to 130 us on a
-    small VM, more than most such waits (a 4 KiB allreduce lost ~100 us a call to
-    them), and yields the core between polls in case a peer rank shares it."""
+    couple of ms): it polls without sleeping, since one sleep on a small VM costs more
+    than most such waits (docs/tuning.md), and yields the core between polls in case a peer rank shares it."""
     if deadline is not None:
         test, now = request.Test, time.monotonic
         while not test():
@@ -67,8 +66,8 @@ class MPITransport(Transport):
         # training thread.
         self.max_sleep = _MAX_SLEEP
         # The negotiation allreduce as an MPI persistent collective (created on first use;
-        # every cycle sends a vector of the same length): Start costs ~1 us where posting
-        # an Iallreduce costs ~3, and no buffers or requests are made per cycle. One
+        # every cycle sends a vector of the same length): Start costs a fraction of posting
+        # an Iallreduce, and no buffers or requests are made per cycle. One
         # negotiation is in flight at a time, so its buffers are reused.
         self._send: np.ndarray | None = None
         self._recv: np.ndarray | None = None

@@ -1,11 +1,11 @@
 """Waking the runtime thread at a set time, without waking it now.
 
 Why not a Condition: every wake-up of the runtime thread costs the thread that runs the
-collective a GIL hand-off each way, and on a small VM a futex wake takes ~50 us. A
+collective a GIL hand-off each way, and on a small VM a futex wake is slow. A
 submit used to wake the idle thread at once so that it could wait out the cycle time
 (work nobody waits on must still start within it); in a submit-and-wait loop the
-caller then takes the work itself, and the woken thread only fought it for the GIL: a
-4 KiB allreduce took 207 against 137 us (docs/tuning.md). With a kernel timer (Linux
+caller then takes the work itself, and the woken thread only fought it for the GIL (a
+small allreduce took half as long again: docs/tuning.md). With a kernel timer (Linux
 timerfd, through ctypes: no compiler) a submit only says when the thread must look, a
 caller that took the work moves that time on, and the thread sleeps through it all.
 

@@ -10,7 +10,7 @@ main thread only, so other threads never need this.
 Installed at init() only over Python's default handler (a handler of the application's
 own is left alone; the main thread then does not run cycles itself, nor while any other
 signal has a Python handler: only SIGINT is held back). Swapping the
-handler per cycle would cost ~6 us; a flag costs nanoseconds.
+handler per cycle would cost microseconds; a flag costs nanoseconds.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ _OTHERS = [int(getattr(signal, name)) for name in
 
 
 # _signal's own getsignal: signal.getsignal wraps it to turn SIG_DFL / SIG_IGN into enum
-# members, ~6 us a call, and safe_to_drive asks for seven on every blocking wait.
+# members (microseconds a call), and safe_to_drive asks for seven on every blocking wait.
 _raw_handler = _signal.getsignal
 
 

@@ -8,9 +8,9 @@ Each cycle it drains the submit queue, negotiates (controller.py), plans fusion
     it);
   * with nothing pending it still takes part in negotiation every _IDLE_WAIT, so that
     a peer with work this rank will never submit (a stall), a shutdown or a stall
-    report still gets through. Idle cycles cost the training thread: in a 22 ms
-    training step, backing off from 1 ms (four idle cycles a step) cost 5-15% of the
-    step rate against one cycle every 20 ms (docs/tuning.md).
+    report still gets through. Idle cycles cost the training thread: backing off from 1 ms
+    (several idle cycles a step) cost a training loop a measurable share of its step
+    rate against one cycle every 20 ms (docs/tuning.md).
 
 The thread sleeps on an alarm (alarm.py) set to when it next has a cycle to run
 (``_next_due``), not on a Condition: a submit only sets the time, so a caller that takes
@@ -148,7 +148,7 @@ class Runtime:
     def _move_alarm(self, now: float) -> None:
         """A caller took the work (the lock is held): the thread would wake inside this
         cycle to find nothing to do, and fight the caller for the GIL. Arming a timer
-        costs 3 to 60 us in a VM (it reprograms the host's), so:
+        is not free in a VM (it reprograms the host's; docs/tuning.md), so:
 
         * in a submit-and-wait loop (short cycles, each batch submitted right after the
           last cycle) the alarm stays one cycle time ahead, moved only when about to go
@@ -297,8 +297,8 @@ class Runtime:
     # -- a blocked caller drives -------------------------------------------------------
     def _drive_while_waiting(self, handle: Handle, timeout: float | None) -> None:
         """A caller blocks on handle: run cycles on its thread while the runtime thread
-        is not running one. That saves the two thread hand-offs of every cycle (a 4 KiB
-        allreduce: 59 against 34 us). When the thread is busy, or a negotiation is not
+        is not running one. That saves the two thread hand-offs of every cycle (a small
+        allreduce's latency nearly halves: docs/tuning.md). When the thread is busy, or a negotiation is not
         done within _CALLER_WAIT (a peer is late), the caller leaves it to the thread
         and blocks as before. On the main thread, Ctrl-C is held back while it drives,
         until the cycle it is in is done or handed over (interrupts.py); with other

@@ -62,7 +62,7 @@ class SharedMemoryBackend(Backend):
         self._failed: list[np.ndarray] = []  # per rank: "my input did not pack" flags
         self._pieces = 0  # pieces reduced so far; its parity picks the half to use
         # The pieces of recent groups by (counts, step): a training step repeats its
-        # groups, and planning 256 tensors costs ~20 us of Python.
+        # groups, and planning hundreds of tensors in Python is not free.
         self._plans: dict[tuple[tuple[int, ...], int], list] = {}
         if mode in (None, "shm") and self.size > 1:
             self._open(comm)
@@ -112,10 +112,9 @@ class SharedMemoryBackend(Backend):
     def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1,
                 op: ReduceOp | None = None) -> bool:
         """Fused groups only, unless forced: what this saves is a fusion buffer's pack
-        and copy-out (256 x 16 KiB: 0.74 against 1.1 ms; 16 x 4 MiB: 9.5 against 25 ms).
-        A single tensor reduces in place in MPI or the ring, where shared memory adds
-        two copies: no faster on this machine (16 MiB 2.3 against 2.2 ms), and in its
-        slow spells up to 3x slower (more barriers for a descheduled peer to delay)."""
+        and copy-out. A single tensor reduces in place in MPI or the ring, where shared
+        memory adds two copies: no faster, and in a machine's slow spells slower (more
+        barriers for a descheduled peer to delay). Figures: docs/tuning.md."""
         if kind != RequestType.ALLREDUCE or self._window is None:
             return False
         return self.mode == "shm" or (
