@@ -77,12 +77,17 @@ def synchronize(handle: int) -> Any:
         raise _unknown(handle)
     handles, finish = registered
     try:
-        if type(handles) is not list:  # the short path's (core handle, tensor)
-            handles.wait()
-            return finish
+        if type(handles) is not list:  # the short path's (core handle, tensor or _OWNED)
+            result = handles.wait()
+            return finish if finish is not _OWNED else torch.from_numpy(result)
         return finish([h.wait() for h in handles])
     finally:
         _handles.pop(handle, None)
+
+
+# The short path's finish for an out-of-place allreduce: the result is the runtime's
+# (a view of a result block, reused once the caller drops it), made a tensor at synchronize.
+_OWNED = object()
 
 
 def _plain_array(tensor: Any) -> np.ndarray | None:
@@ -181,11 +186,8 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             name: str | None = None, op: ReduceOp | None = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
-    outputs = [_host_like(t) for t in tensors]
-    return _grouped_allreduce_async(tensors, outputs, name, _resolve_op(average, op),
-                                    prescale_factor, postscale_factor, "grouped_allreduce",
-                                    lambda _: [_back(o, t) for o, t in zip(outputs, tensors)],
-                                    process_set)
+    return _grouped_allreduce_into_runtime(tensors, name, _resolve_op(average, op),
+                                           prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -198,11 +200,12 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                                     _write_back(tensors, outputs), process_set, in_place=True)
 
 
-def _allreduce_plain(array: np.ndarray, target: np.ndarray, result: torch.Tensor,
+def _allreduce_plain(array: np.ndarray, target: np.ndarray | None, result: Any,
                      name: str | Sequence[str] | None, op: ReduceOp, prescale_factor: float,
                      postscale_factor: float, process_set: ProcessSet) -> int:
     """One tensor that _plain_array could view, straight to the core's single-tensor
-    submit (cheaper than the grouped path); the handle returns result."""
+    submit (cheaper than the grouped path); the handle returns result (_OWNED: the
+    runtime's result, target None)."""
     return register(core.allreduce_async(
         array, target, names_for(name, 1, "allreduce", process_set)[0], op, prescale_factor,
         postscale_factor, "cpu", process_set), result)
@@ -214,14 +217,13 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     process_set: ProcessSet = global_process_set) -> int:
     op = _resolve_op(average, op)
     array = _plain_array(tensor)
-    if array is not None:
-        output = torch.empty_like(tensor)
-        return _allreduce_plain(array, output.numpy(), output, name, op, prescale_factor,
+    if array is not None:  # the result is the runtime's: no output to allocate or fill
+        return _allreduce_plain(array, None, _OWNED, name, op, prescale_factor,
                                 postscale_factor, process_set)
-    output = _host_like(tensor)
-    return _grouped_allreduce_async([tensor], [output], name, op, prescale_factor,
+    return _grouped_allreduce_async([tensor], [None], name, op, prescale_factor,
                                     postscale_factor, "allreduce",
-                                    lambda _: _back(output, tensor), process_set)
+                                    lambda results: _back(from_numpy(results[0]), tensor),
+                                    process_set)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -249,7 +251,16 @@ def grouped_allreduce_into_runtime_async(tensors: Sequence[torch.Tensor],
     """Like grouped_allreduce_async, but the results are views of a runtime-owned block
     (beyond Horovod): the inputs are untouched and nothing is copied out of the fusion
     buffer. DistributedOptimizer uses it and installs the results as the gradients."""
-    return _grouped_allreduce_async(tensors, [None] * len(tensors), name, ReduceOp(op),
+    return _grouped_allreduce_into_runtime(tensors, name, ReduceOp(op), prescale_factor,
+                                           postscale_factor, process_set)
+
+
+def _grouped_allreduce_into_runtime(tensors: Sequence[torch.Tensor],
+                                    name: str | Sequence[str] | None, op: ReduceOp,
+                                    prescale_factor: float, postscale_factor: float,
+                                    process_set: ProcessSet) -> int:
+    """The results are views of a runtime block (on the tensors' device, if staged)."""
+    return _grouped_allreduce_async(tensors, [None] * len(tensors), name, op,
                                     prescale_factor, postscale_factor, "grouped_allreduce",
                                     lambda results: [_back(from_numpy(r), t)
                                                      for r, t in zip(results, tensors)],

@@ -79,11 +79,14 @@ class ResultBlocks:
     backward, so each bucket keeps reusing one block: no allocation per step. A free
     block that no take has chosen for ``max_idle`` takes, or for about twice the number
     of blocks in use if that is more (the first step's per-gradient blocks, once learned
-    buckets replace them), is released.
+    buckets replace them), is released. A block serves requests of half its size or more
+    only, and at most ``max_tracked`` blocks are tracked: beyond that the longest-held
+    ones are left to their holders.
     """
 
-    def __init__(self, max_idle: int = 64) -> None:
+    def __init__(self, max_idle: int = 64, max_tracked: int = 256) -> None:
         self._max_idle = max_idle
+        self._max_tracked = max_tracked
         self._blocks: list[np.ndarray] = []
         self._last_taken: list[int] = []
         self._takes = 0
@@ -103,7 +106,8 @@ class ResultBlocks:
         best = -1
         blocks = self._blocks
         for i in range(len(blocks)):  # no loop variable: it would hold a reference
-            if blocks[i].dtype == dtype and blocks[i].size >= count and \
+            # At most twice the size: a small result must not pin a large block.
+            if blocks[i].dtype == dtype and count <= blocks[i].size <= 2 * count and \
                     (best < 0 or blocks[i].size < blocks[best].size) and self._free(i):
                 best = i
         if best < 0:
@@ -122,4 +126,11 @@ class ResultBlocks:
                  if self._takes - self._last_taken[i] > limit and self._free(i)]
         for i in reversed(stale):
             del self._blocks[i], self._last_taken[i]
+        if len(self._blocks) > self._max_tracked:
+            # Results the caller keeps (out-of-place allreduce results held in a list, say)
+            # stay with the caller; tracking them all would make every take scan them.
+            held = sorted((i for i in range(len(self._blocks)) if not self._free(i)),
+                          key=self._last_taken.__getitem__)
+            for i in sorted(held[:len(self._blocks) - self._max_tracked], reverse=True):
+                del self._blocks[i], self._last_taken[i]
         return chosen[:count]

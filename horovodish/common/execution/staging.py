@@ -60,7 +60,8 @@ class AllreduceGroup:
 class FlatReducer(Protocol):
     name: str
 
-    def reduce_fused(self, buf: np.ndarray, counts: list[int], op: ReduceOp) -> None: ...
+    def reduce_fused(self, buf: np.ndarray, counts: list[int], op: ReduceOp,
+                     source: np.ndarray | None = None) -> None: ...
 
 
 class _CopyFailed(Exception):
@@ -71,9 +72,10 @@ def through_fusion_buffer(backend: FlatReducer, group: AllreduceGroup) -> list:
     """Run group with backend's flat reduction; the results, one per entry."""
     entries, counts, workspace = group.entries, group.counts, group.workspace
     owned = any(entry is not None and entry.output is None for entry in entries)
-    single = not owned and len(entries) == 1 and entries[0] is not None and \
-        entries[0].output.flags.c_contiguous
-    if not (single or owned):
+    if len(entries) == 1 and entries[0] is not None and (
+            owned or entries[0].output.flags.c_contiguous):
+        return [_single(backend, group, entries[0], owned)]
+    if not owned:
         failure = None
         for start, end in group.pieces:  # a failed copy must not skip a later collective
             try:
@@ -83,34 +85,47 @@ def through_fusion_buffer(backend: FlatReducer, group: AllreduceGroup) -> list:
         if failure is not None:
             raise failure
         return [entry.output if entry is not None else None for entry in entries]
-    if owned:
-        buf = workspace.result_blocks.take(group.dtype, sum(counts))
-    else:
-        buf = entries[0].output.reshape(-1)
+    # Some caller lets the runtime own its result: reduce the group in a result block,
+    # in the same pieces, though the block is contiguous.
+    buf = workspace.result_blocks.take(group.dtype, sum(counts))
     workspace.phase("MEMCPY_IN_FUSION_BUFFER")
-    if single:  # one tensor: one piece
-        scaled_copy(buf, entries[0].tensor.reshape(-1), group.prescale)
-        _reduce(backend, group, buf, counts)
-    else:  # in the same pieces, though the result block is contiguous
-        offset, failure = 0, None
-        for start, end in group.pieces:
-            size = sum(counts[start:end])
-            part = buf[offset:offset + size]
-            try:
-                _pack(part, entries[start:end], counts[start:end], group.dtype,
-                      group.prescale)
-            except Exception as exc:  # never skip a collective the others will run
-                failure = failure or exc
-                part.fill(0)
-            _reduce(backend, group, part, counts[start:end])
-            offset += size
-        if failure is not None:
-            raise failure
+    offset, failure = 0, None
+    for start, end in group.pieces:
+        size = sum(counts[start:end])
+        part = buf[offset:offset + size]
+        try:
+            _pack(part, entries[start:end], counts[start:end], group.dtype, group.prescale)
+        except Exception as exc:  # never skip a collective the others will run
+            failure = failure or exc
+            part.fill(0)
+        _reduce(backend, group, part, counts[start:end])
+        offset += size
+    if failure is not None:
+        raise failure
     if group.postscale != 1.0:  # reduced where the caller reads it
         scale_into(buf, buf, group.postscale)
-    if single:
-        return [entries[0].output]
     return hand_out(buf, entries, group.responses)
+
+
+def _single(backend: FlatReducer, group: AllreduceGroup, entry: Entry, owned: bool
+            ) -> np.ndarray:
+    """One tensor reduces where the caller reads it (its output, or a result block),
+    straight from its input when that is another array: no copy pass of its own."""
+    if owned:
+        buf = group.workspace.result_blocks.take(group.dtype, group.counts[0])
+    else:
+        buf = entry.output.reshape(-1)
+    source = entry.tensor.reshape(-1)
+    group.workspace.phase("MEMCPY_IN_FUSION_BUFFER")
+    if entry.tensor is entry.output or group.prescale != 1.0 or \
+            np.may_share_memory(buf, source):  # (MPI refuses aliased buffers)
+        scaled_copy(buf, source, group.prescale)
+        _reduce(backend, group, buf, group.counts)
+    else:
+        _reduce(backend, group, buf, group.counts, source)
+    if group.postscale != 1.0:
+        scale_into(buf, buf, group.postscale)
+    return buf.reshape(group.responses[0].shape) if owned else entry.output
 
 
 def _reduce_to_outputs(backend: FlatReducer, group: AllreduceGroup,
@@ -133,10 +148,10 @@ def _reduce_to_outputs(backend: FlatReducer, group: AllreduceGroup,
 
 
 def _reduce(backend: FlatReducer, group: AllreduceGroup, buf: np.ndarray,
-            counts: list[int]) -> None:
+            counts: list[int], source: np.ndarray | None = None) -> None:
     phase = group.workspace.phase
     phase(f"{backend.name.upper()}_ALLREDUCE")
-    backend.reduce_fused(buf, counts, group.op)
+    backend.reduce_fused(buf, counts, group.op, source)
     phase("MEMCPY_OUT_FUSION_BUFFER")
     if group.divide_by:
         divide_toward_zero(buf, group.divide_by)

@@ -44,8 +44,11 @@ class AdasumBackend(Backend):
                 op: ReduceOp | None = None) -> bool:
         return kind == RequestType.ALLREDUCE and op == ReduceOp.ADASUM
 
-    def reduce_fused(self, buf: np.ndarray, counts: list[int], op: ReduceOp) -> None:
-        """In place on buf, which holds len(counts) tensors back to back."""
+    def reduce_fused(self, buf: np.ndarray, counts: list[int], op: ReduceOp,
+                     source: np.ndarray | None = None) -> None:
+        """On buf, which holds len(counts) tensors back to back (source's, if given)."""
+        if source is not None:
+            np.copyto(buf, source)
         if not is_power_of_two(self.size):
             raise ValueError(f"Adasum needs a power-of-two number of ranks, not {self.size}")
         partner_buf = np.empty_like(buf)

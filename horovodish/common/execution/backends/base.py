@@ -34,12 +34,17 @@ class Backend(ABC):
         """Run a fused allreduce group; the result for each of its entries."""
         return through_fusion_buffer(self, group)
 
-    def reduce_fused(self, buf: np.ndarray, counts: list[int], op: ReduceOp) -> None:
-        """Reduce a fusion buffer holding len(counts) tensors back to back, in place."""
+    def reduce_fused(self, buf: np.ndarray, counts: list[int], op: ReduceOp,
+                     source: np.ndarray | None = None) -> None:
+        """Reduce a buffer holding len(counts) tensors back to back: in place, or from
+        source (this rank's values, the same size) into buf."""
         if buf.size:
-            self.allreduce(buf, op)
+            self.allreduce(buf, op, source)
 
-    def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
+    def allreduce(self, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = None
+                  ) -> None:
+        """Reduce flat buf in place, or source into buf: a backend reads source where
+        it would first copy it, so an out-of-place call costs no extra pass."""
         raise NotImplementedError
 
     def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int],

@@ -49,11 +49,14 @@ class MPIBackend(Backend):
                 op: ReduceOp | None = None) -> bool:
         return kind not in _REDUCING or dtype in MPI_REDUCIBLE
 
-    def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
+    def allreduce(self, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = None
+                  ) -> None:
         mpi_op = _mpi_op(buf.dtype, op)
         step = max(1, ALLREDUCE_PIECE_BYTES // buf.itemsize)
         for start in range(0, buf.size, step):  # every rank cuts at the same offsets
-            self.comm.Allreduce(MPI.IN_PLACE, buf[start:start + step], op=mpi_op)
+            piece = slice(start, start + step)
+            self.comm.Allreduce(MPI.IN_PLACE if source is None else source[piece], buf[piece],
+                                op=mpi_op)
 
     def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int],
                       op: ReduceOp) -> None:

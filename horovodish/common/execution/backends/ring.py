@@ -43,39 +43,50 @@ class RingBackend(Backend):
             return True
         return self.mode is None and nbytes >= self.threshold
 
-    def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
+    def allreduce(self, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = None
+                  ) -> None:
         if self.size == 1:
+            if source is not None:
+                np.copyto(buf, source)
             return
         counts = _even_counts(buf.size, self.size)
         offsets = np.cumsum([0] + counts).tolist()
-        self._reduce_scatter(buf, counts, offsets, op)
+        self._reduce_scatter(buf, counts, offsets, op, source)
         self._allgather(buf, offsets)
 
     def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int],
                       op: ReduceOp) -> None:
+        if self.size == 1:
+            np.copyto(recv.reshape(-1), send.reshape(-1))
+            return
         work = self._scratch_view(send.dtype, send.size, second=True)
-        np.copyto(work, send.reshape(-1))
         offsets = np.cumsum([0] + counts).tolist()
-        if self.size > 1:
-            self._reduce_scatter(work, counts, offsets, op)
+        self._reduce_scatter(work, counts, offsets, op, send.reshape(-1))
         np.copyto(recv.reshape(-1), work[offsets[self.rank]:offsets[self.rank + 1]])
 
     def _reduce_scatter(self, buf: np.ndarray, counts: list[int], offsets: list[int],
-                        op: ReduceOp) -> None:
-        """Afterwards segment `rank` of buf holds the reduction over all ranks."""
+                        op: ReduceOp, source: np.ndarray | None = None) -> None:
+        """Afterwards segment `rank` of buf holds the reduction over all ranks. With a
+        source, this rank's values are read from it: the first step sends a segment of
+        source, and each segment's first reduction adds source's part to what arrives,
+        writing buf, so no pass copies source into buf (the segment that this rank only
+        sends is written by the allgather that follows)."""
         p, r = self.size, self.rank
         ufunc = reduce_ufunc(buf.dtype, op)
         tmp = self._scratch_view(buf.dtype, max(counts))
         left, right = (r - 1) % p, (r + 1) % p
+        mine = buf if source is None else source
         for step in range(p - 1):
             send_seg = (r - step - 1) % p
             recv_seg = (r - step - 2) % p
-            send = buf[offsets[send_seg]:offsets[send_seg + 1]]
+            send = (mine if step == 0 else buf)[offsets[send_seg]:offsets[send_seg + 1]]
             target = buf[offsets[recv_seg]:offsets[recv_seg + 1]]
-            for send_chunk, recv_chunk, target_chunk in self._chunks(
-                    send, tmp[:target.size], target, max(counts)):
-                self.comm.Sendrecv(send_chunk, right, recvbuf=_bytes(recv_chunk), source=left)
-                ufunc(target_chunk, recv_chunk, out=target_chunk)
+            own = mine[offsets[recv_seg]:offsets[recv_seg + 1]]
+            received = tmp[:target.size]
+            for chunk in self._chunk_slices(max(counts), buf.itemsize):
+                self.comm.Sendrecv(_bytes(send[chunk]), right,
+                                   recvbuf=_bytes(received[chunk]), source=left)
+                ufunc(own[chunk], received[chunk], out=target[chunk])
 
     def _allgather(self, buf: np.ndarray, offsets: list[int]) -> None:
         p, r = self.size, self.rank
@@ -86,16 +97,17 @@ class RingBackend(Backend):
             recv_seg = (r - step - 1) % p
             send = buf[offsets[send_seg]:offsets[send_seg + 1]]
             recv = buf[offsets[recv_seg]:offsets[recv_seg + 1]]
-            for send_chunk, recv_chunk, _ in self._chunks(send, recv, recv, longest):
-                self.comm.Sendrecv(send_chunk, right, recvbuf=_bytes(recv_chunk), source=left)
+            for chunk in self._chunk_slices(longest, buf.itemsize):
+                self.comm.Sendrecv(_bytes(send[chunk]), right, recvbuf=_bytes(recv[chunk]),
+                                   source=left)
 
-    def _chunks(self, send: np.ndarray, recv: np.ndarray, target: np.ndarray, longest: int):
-        """Chunks of the send and receive segments. Every rank iterates over the longest
-        segment, so each Sendrecv meets its partner's even where segments differ in size."""
-        step = max(1, _CHUNK_BYTES // send.dtype.itemsize)
-        for start in range(0, max(longest, 1), step):
-            stop = start + step
-            yield _bytes(send[start:stop]), recv[start:stop], target[start:stop]
+    @staticmethod
+    def _chunk_slices(longest: int, itemsize: int) -> list[slice]:
+        """Chunks of a segment. Every rank iterates over the longest segment, so each
+        Sendrecv meets its partner's even where segments differ in size (a slice past
+        a shorter segment's end is empty)."""
+        step = max(1, _CHUNK_BYTES // itemsize)
+        return [slice(start, start + step) for start in range(0, max(longest, 1), step)]
 
     def _scratch_view(self, dtype: np.dtype, count: int, second: bool = False) -> np.ndarray:
         """A persistent scratch buffer: [receive area | work area], grown on demand."""

@@ -148,9 +148,11 @@ class SharedMemoryBackend(Backend):
                             group.prescale, group.postscale, group.divide_by, in_place)
         return outputs
 
-    def allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
+    def allreduce(self, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = None
+                  ) -> None:
         flat = buf.reshape(-1)
-        self.allreduce_into([flat], [flat.size], [flat], flat.dtype, op)
+        self.allreduce_into([flat if source is None else source.reshape(-1)], [flat.size],
+                            [flat], flat.dtype, op)
 
     def allreduce_into(self, inputs: list[np.ndarray | None], counts: list[int],
                        outputs: list[np.ndarray | None] | np.ndarray, dtype: np.dtype,
