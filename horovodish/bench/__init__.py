@@ -1,0 +1,22 @@
+"""Benchmark: what users call, against its baseline measured in the same run.
+
+    horovodishrun -np 2 python -m horovodish.bench [--json out.json] [--plot busbw.png]
+
+Every figure is a ratio against a baseline timed in the same job, in alternating rounds
+(a slow spell of a shared machine hits both sides):
+
+- sizes 4 KiB to 64 MiB: one synchronous allreduce through each public path (the core
+  API in place; torch's ``allreduce_`` in place and ``allreduce`` out of place;
+  TensorFlow's eager ``allreduce``) against ``MPI_Allreduce`` on a preallocated buffer;
+- a burst of 256 x 16 KiB submitted asynchronously, then synchronized, through the same
+  paths, against one MPI call on the 4 MiB concatenation and 256 separate MPI calls;
+- a training step (an MLP, ``DistributedOptimizer``) against torch DDP on gloo and
+  against the same step with no communication at all (the bound), with where the step's
+  time goes;
+- the idle cost: how much a compute-bound loop slows while the runtime is idle.
+
+docs/tuning.md explains each figure and records the latest run.
+"""
+from .cli import main
+
+__all__ = ["main"]

@@ -1,0 +1,4 @@
+"""``python -m horovodish.bench``: see the package docstring."""
+from . import main
+
+main()

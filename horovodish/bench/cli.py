@@ -1,0 +1,62 @@
+"""``python -m horovodish.bench``: argument parsing and the run's order."""
+from __future__ import annotations
+
+import argparse
+
+from mpi4py import MPI
+
+from ..common import api
+from . import report
+from .burst import burst
+from .idle import idle_cost
+from .paths import available
+from .sweep import SIZES, sweep
+
+
+def _agreed_paths(comm: MPI.Comm, frameworks: list[str]) -> dict:
+    """The paths every rank can time (the same installation, normally): ranks must time
+    the same contenders in the same order."""
+    paths = available(frameworks)
+    common = set.intersection(*map(set, comm.allgather(list(paths))))
+    return {name: path for name, path in paths.items() if name in common}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from . import __doc__ as doc
+    parser = argparse.ArgumentParser(prog="python -m horovodish.bench", description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the figures to this file (rank 0)")
+    parser.add_argument("--plot", help="draw bus bandwidth against size to this PNG (rank 0)")
+    parser.add_argument("--idle-rounds", type=int, default=16,
+                        help="rounds of the idle-cost measurement (default 16)")
+    parser.add_argument("--max-bytes", type=int, default=SIZES[-1],
+                        help="largest allreduce in the sweep (default 64 MiB)")
+    parser.add_argument("--frameworks", default="torch,tensorflow",
+                        help="comma-separated frameworks whose paths to time, if installed "
+                             "(default torch,tensorflow; empty: the core API only)")
+    parser.add_argument("--no-training", action="store_true",
+                        help="skip the training step against torch DDP")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating rounds per measurement (bursts and the training "
+                             "step take two more)")
+    args = parser.parse_args(argv)
+    api.init()
+    comm = MPI.COMM_WORLD.Dup()
+    frameworks = [f for f in args.frameworks.split(",") if f]
+    figures: dict = {"ranks": comm.Get_size()}
+    figures["idle"] = idle_cost(comm, rounds=args.idle_rounds)
+    paths = _agreed_paths(comm, frameworks)
+    figures["allreduce"] = sweep(comm, [s for s in SIZES if s <= args.max_bytes], paths,
+                                 args.rounds)
+    figures["many_small"] = burst(comm, paths, rounds=args.rounds + 2)
+    if not args.no_training and "torch allreduce" in paths:
+        from .training import training_step
+        figures["training"] = training_step(comm, rounds=args.rounds + 2)
+    if comm.Get_rank() == 0:
+        report.print_report(comm.Get_size(), figures)
+        if args.json:
+            report.write_json(args.json, figures)
+        if args.plot:
+            report.plot(figures["allreduce"], args.plot)
+    comm.Free()
+    api.shutdown()

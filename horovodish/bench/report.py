@@ -1,0 +1,72 @@
+"""The bench's printed table, its JSON and its plot."""
+from __future__ import annotations
+
+import json
+
+
+def print_report(size: int, figures: dict) -> None:
+    rows = figures["allreduce"]
+    paths = list(rows[0]["paths"]) if rows else []
+    print(f"horovodish.bench: {size} ranks, float32 Sum allreduce, synchronous; each path's "
+          "time in us and its ratio to MPI_Allreduce (MPI's time / the path's: above 1 is "
+          "faster)")
+    header = f"{'bytes':>10} {'MPI us':>9} " + " ".join(f"{p[:24]:>30}" for p in paths)
+    print(header)
+    for row in rows:
+        cells = " ".join(f"{row['paths'][p]['seconds'] * 1e6:>21.1f} ({row['paths'][p]['ratio_to_mpi']:5.2f}x)"
+                         for p in paths)
+        print(f"{row['bytes']:>10} {row['mpi_s'] * 1e6:>9.1f} {cells}")
+    small = figures["many_small"]
+    print(f"\n{small['count']} x {small['bytes_each'] >> 10} KiB async then synchronized; one "
+          f"MPI_Allreduce of the concatenation {small['mpi_one_call_s'] * 1e3:.2f} ms, "
+          f"{small['count']} separate MPI calls {small['mpi_separate_s'] * 1e3:.2f} ms")
+    for path, values in small["paths"].items():
+        per_round = values["over_one_call_per_round"]
+        print(f"  {path:28s} {values['seconds'] * 1e3:7.2f} ms  {values['over_one_call']:5.2f}x "
+              f"one call (rounds {min(per_round):.2f}x to {max(per_round):.2f}x), "
+              f"{values['over_separate']:5.2f}x separate calls")
+    print(f"  timeline on: {small['runtime_with_timeline_s'] * 1e3:.2f} ms "
+          f"({small['timeline_throughput_loss_percent']:.1f}% less throughput)")
+    step = figures.get("training")
+    if step:
+        print(f"\ntraining step, MLP {'-'.join(map(str, step['widths']))}, batch "
+              f"{step['batch_per_rank']} per rank, {step['threads']} torch thread(s) per rank:")
+        for key, value in step["steps_per_s"].items():
+            print(f"  {key:34s} {value:8.1f} steps/s")
+        print(f"  horovodish / DDP: {step['over_ddp']:.2f}x; of the no-communication bound: "
+              f"horovodish {step['ours_over_bound']:.2f}, DDP {step['ddp_over_bound']:.2f}")
+        phases = step["phases_s"]
+        print("  our step: " + ", ".join(f"{k.replace('_', ' ')} {v * 1e3:.2f} ms"
+                                         for k, v in phases.items()))
+    idle = figures["idle"]
+    print(f"\nidle cost: the idle runtime thread uses {idle['runtime_thread_cpu_percent']:.2f}% "
+          f"of a core while a compute-bound loop runs; the loop runs "
+          f"{idle['slowdown_percent']:.2f}% slower (median of {idle['rounds']} rotating "
+          f"rounds; noise floor: the loop against itself, runtime off, differs by "
+          f"{idle['noise_floor_percent']:.2f}% in a median round, "
+          f"{idle['control_median_percent']:+.2f}% in the median)")
+
+
+def write_json(path: str, figures: dict) -> None:
+    with open(path, "w") as handle:
+        json.dump(figures, handle, indent=2)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Bus bandwidth against size: every path, and MPI."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sizes = [r["bytes"] for r in rows]
+    plt.figure(figsize=(8, 4.5))
+    for name in rows[0]["paths"]:
+        plt.plot(sizes, [r["paths"][name]["busbw"] / 1e9 for r in rows], "o-", label=name)
+    plt.plot(sizes, [r["mpi_busbw"] / 1e9 for r in rows], "s--", color="black",
+             label="MPI_Allreduce")
+    plt.xscale("log", base=2)
+    plt.xlabel("bytes")
+    plt.ylabel("bus bandwidth (GB/s)")
+    plt.legend(fontsize=8)
+    plt.grid(alpha=0.3)
+    plt.tight_layout()
+    plt.savefig(path)
