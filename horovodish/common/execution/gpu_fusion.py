@@ -30,16 +30,17 @@ THREADS_PER_BLOCK = 256
 # 16 elements per thread: enough work per block to hide the table search.
 CHUNK_ELEMENTS = 16 * THREADS_PER_BLOCK
 
-# dtype name -> (C type stored, C type computed in when scaling, numpy storage type).
+# dtype name -> (C type stored, C type computed in when scaling, numpy type of the
+# CuPy buffers: bfloat16 as its int16 bits, which CuPy and DLPack both carry).
 # Half types compute in float and round once (Horovod's CPU arithmetic, arithmetic.py);
 # integers in double, truncated toward zero by the conversion back.
 _TYPES: dict[str, tuple[str, str, str]] = {
     "float32": ("float", "float", "float32"),
     "float64": ("double", "double", "float64"),
-    "float16": ("unsigned short", "float", "uint16"),
-    "bfloat16": ("unsigned short", "float", "uint16"),
+    "float16": ("unsigned short", "float", "float16"),
+    "bfloat16": ("unsigned short", "float", "int16"),
     "uint8": ("unsigned char", "double", "uint8"),
-    "bool": ("unsigned char", "double", "uint8"),
+    "bool": ("unsigned char", "double", "bool"),
     "int8": ("signed char", "double", "int8"),
     "int16": ("short", "double", "int16"),
     "int32": ("int", "double", "int32"),
@@ -49,7 +50,7 @@ INTEGER = frozenset({"uint8", "bool", "int8", "int16", "int32", "int64"})
 
 
 def storage_dtype(dtype: str) -> np.dtype:
-    """The numpy dtype CUDA buffers of this dtype are held as (half types as uint16)."""
+    """The numpy dtype of CuPy buffers holding dtype (bfloat16 as int16)."""
     return np.dtype(_TYPES[dtype][2])
 
 
