@@ -1,13 +1,13 @@
 """GPU fusion's plan and kernel, on CPU: the layout, the table, and the kernel's own
 source, compiled by nvcc where there is one (no GPU needed to compile) and run on the
-host through a small emulation of CUDA's grid (g++), against Horovod's CPU arithmetic.
+host through a small emulation of CUDA's grid (g++, fake_cuda.host_kernel), against
+Horovod's CPU arithmetic.
 
 What this cannot show: NVRTC (CuPy's compiler) accepting the source, the PTX
 conversions of float16 (emulated here with _Float16), and speed. tests/gpu does.
 """
 from __future__ import annotations
 
-import ctypes
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,9 +18,10 @@ import pytest
 
 from horovodish.common.execution.arithmetic import divide_toward_zero, scale_into
 from horovodish.common.execution.gpu_fusion import (
-    CHUNK_ELEMENTS, INTEGER, _TYPES, copy_table, conversion_source, kernel_body,
-    kernel_name, kernel_source, pack_pointers, plan_layout, scale_arguments,
+    CHUNK_ELEMENTS, INTEGER, _TYPES, copy_table, kernel_name, kernel_source, pack_pointers, plan_layout, scale_arguments,
     storage_dtype, unpack_pointers)
+
+from .fake_cuda import host_kernel
 
 DTYPES = sorted(_TYPES)
 
@@ -82,35 +83,6 @@ def test_every_kernel_compiles_with_nvcc(tmp_path):
 
 
 # -- the kernel run on the host ------------------------------------------------------------
-# CUDA's built-ins for one thread at a time: the kernel has no barrier or shared memory,
-# so running the grid's threads one after another is a faithful schedule.
-_SHIM = """
-#include <cstring>
-#define __global__
-#define __device__
-#define __forceinline__ inline
-struct Dim { unsigned int x; };
-static Dim blockIdx, threadIdx, blockDim;
-static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
-static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
-"""
-# float16's PTX conversions, by the compiler's IEEE half type instead.
-_HALF_ON_HOST = """
-static inline float to_compute(unsigned short x) { _Float16 h; memcpy(&h, &x, 2); return (float)h; }
-static inline unsigned short from_compute(float f) {
-    _Float16 h = (_Float16)f; unsigned short x; memcpy(&x, &h, 2); return x; }
-"""
-_DRIVER = """
-extern "C" void run_grid(const long long* table, int n, double scale, long long divisor,
-                         unsigned int blocks, unsigned int threads) {{
-    blockDim.x = threads;
-    for (unsigned int b = 0; b < blocks; ++b)
-        for (unsigned int t = 0; t < threads; ++t) {{
-            blockIdx.x = b; threadIdx.x = t;
-            {name}(table, n, scale, divisor);
-        }}
-}}
-"""
 HOST_CHUNK = 64  # small chunks: many blocks per tensor, on few elements
 
 
@@ -119,21 +91,7 @@ def host_kernels(tmp_path_factory):
     if shutil.which("g++") is None:
         pytest.skip("no g++ to run the kernel on the host")
     folder = tmp_path_factory.mktemp("kernels")
-    kernels = {}
-    for dtype in DTYPES:
-        conversions = _HALF_ON_HOST if dtype == "float16" else conversion_source(dtype)
-        source = folder / f"{dtype}.cpp"
-        source.write_text(_SHIM + conversions + kernel_body(dtype, chunk=HOST_CHUNK)
-                          + _DRIVER.format(name=kernel_name(dtype)))
-        library = folder / f"{dtype}.so"
-        result = subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(library),
-                                 str(source)], capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, f"{dtype}:\n{result.stderr}"
-        run = ctypes.CDLL(str(library)).run_grid
-        run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_double, ctypes.c_longlong,
-                        ctypes.c_uint, ctypes.c_uint]
-        kernels[dtype] = run
-    return kernels
+    return {dtype: host_kernel(dtype, folder, chunk=HOST_CHUNK) for dtype in DTYPES}
 
 
 def _launch(run, layout, sources, destinations, scale=1.0, divisor=1, threads=32):
