@@ -84,7 +84,9 @@ def synchronize(handle: int) -> Any:
             handles.wait()
             return finish
         results = [h.wait() for h in handles]
-        if handles and handles[0].event is not None:  # CUDA views (the NCCL path)
+        # CUDA views (the NCCL path): entries carry completion events; other handles
+        # (plain Handle objects, in tests) have none.
+        if handles and getattr(handles[0], "event", None) is not None:
             _stream_waits_for(handles)
         return finish(results)
     finally:
@@ -96,7 +98,7 @@ def _stream_waits_for(handles: list[Handle]) -> None:
     completion event once): the host does not wait for the GPU."""
     seen: set[int] = set()
     for h in handles:
-        event = h.event
+        event = getattr(h, "event", None)
         if event is not None and id(event.event) not in seen:
             seen.add(id(event.event))
             wait_on_current_stream(event)
