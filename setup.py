@@ -4,6 +4,9 @@ from setuptools import find_packages, setup
 TORCH = ["torch>=2.1"]
 TENSORFLOW = ["tensorflow-cpu>=2.16", "keras>=3.0"]
 MPICH = ["mpich>=4.1"]
+# The NCCL path for CUDA tensors (docs/gpu.md): CuPy, and the NCCL wheel CuPy loads.
+CUDA12 = ["cupy-cuda12x>=13", "nvidia-nccl-cu12"]
+CUDA13 = ["cupy-cuda13x>=14", "nvidia-nccl-cu13"]
 
 setup(
     name="horovodish",
@@ -19,7 +22,9 @@ setup(
     extras_require={
         "torch": TORCH,
         "tensorflow": TENSORFLOW,
-        "cupy": ["cupy-cuda12x"],
+        "cuda12": CUDA12,
+        "cuda13": CUDA13,
+        "cupy": CUDA12,  # the older name of cuda12
         "mpich": MPICH,
         # Everything a CPU-only test machine needs; torch pinned by version (for the CPU
         # build, an index or wheel that serves it: see docs/install.md).

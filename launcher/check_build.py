@@ -16,7 +16,7 @@ FRAMEWORKS = (("PyTorch", "torch"), ("TensorFlow", "tensorflow"), ("Keras", "ker
 # Probe groups, each run in its own interpreter, all in parallel: a framework that crashes
 # or floods stderr on import cannot take the report down, and the slow imports overlap.
 # Keras shares TensorFlow's interpreter because importing it imports TensorFlow anyway.
-GROUPS = (("torch",), ("tensorflow", "keras"), ("mpi",), ("nccl",))
+GROUPS = (("torch",), ("tensorflow", "keras"), ("mpi",), ("cupy", "nccl", "gpu_path"))
 
 
 def _mpi() -> str:
@@ -28,19 +28,50 @@ def _mpi() -> str:
     return f"{' '.join(first.split())} (mpi4py {mpi4py.__version__})"
 
 
+def _cupy() -> str:
+    """CuPy with its CUDA runtime (a GPU need not be present: the count says)."""
+    from horovodish.common.execution.cuda import cuda_runtime_version, load_cupy
+    cupy = load_cupy()
+    runtime = cuda_runtime_version()
+    try:
+        gpus = f"{cupy.cuda.runtime.getDeviceCount()} GPU(s)"
+    except Exception:  # a driver without a device raises here
+        gpus = "no GPU"
+    return f"{cupy.__version__} (CUDA runtime {runtime // 1000}.{runtime % 1000 // 10}, {gpus})"
+
+
 def _nccl() -> str:
-    from cupy.cuda import nccl, runtime
-    if not getattr(nccl, "available", True) or runtime.getDeviceCount() < 1:
-        raise RuntimeError("no NCCL or no CUDA device")
-    return str(nccl.get_version())
+    from horovodish.common.execution.cuda import nccl_version
+    code = nccl_version()  # 22805, or 2805 before NCCL 2.9
+    major, rest = divmod(code, 10000) if code >= 20900 else divmod(code, 1000)
+    minor, patch = divmod(rest, 100)
+    return f"{major}.{minor}.{patch}"
+
+
+def _gpu_path() -> str:
+    """The path this environment gives CUDA tensors (HOROVODISH_GPU_OPERATIONS ...)."""
+    from horovodish.common.config import Config
+    from horovodish.common.execution.cuda import NCCL, choose_gpu_operations
+    try:
+        gpu = choose_gpu_operations(Config.from_env())
+    except ValueError as exc:  # what init() would raise
+        return f"init() would fail: {exc}"
+    names = {NCCL: "NCCL", "mpi": "staged through host memory, MPI"}
+    if gpu.allreduce == gpu.others:
+        return names[gpu.others]
+    return f"allreduce: {names[gpu.allreduce]}; others: {names[gpu.others]}"
 
 
 def _check(name: str) -> str:
     """Version string of ``name`` if usable here; raises otherwise."""
     if name == "mpi":
         return _mpi()
+    if name == "cupy":
+        return _cupy()
     if name == "nccl":
         return _nccl()
+    if name == "gpu_path":
+        return _gpu_path()
     module = importlib.import_module(name)
     return str(getattr(module, "__version__", "unknown version"))
 
@@ -90,7 +121,11 @@ def report() -> str:
     lines += [row(label, found[module]) for label, module in FRAMEWORKS]
     lines += ["", "Available Backends:", row("MPI", mpi, ""), row("Ring", mpi, ""),
               row("Shared memory", mpi, "(ranks on one host)"),
-              row("NCCL", found["nccl"]), "", "MPI:",
+              row("NCCL (CuPy)", found["nccl"]), "", "CUDA:",
+              row("CuPy:", found["cupy"], found["cupy"] or "not importable "
+                  "(pip install horovodish[cuda12] or [cuda13])"),
+              f"    CUDA tensors: {found['gpu_path'] or 'unknown (the probe failed)'}",
+              "", "MPI:",
               row("MPI library:", mpi, mpi or "mpi4py not importable"),
               row("mpirun:", runner and runner.path,
                   f"{runner.path} ({runner.flavour})" if runner

@@ -17,6 +17,7 @@ from .hosts import parse_hostfile, parse_hosts
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
 CPU_OPERATIONS = ("mpi", "ring", "shm")  # as horovodish.common.config (a test checks)
+GPU_OPERATIONS = ("nccl", "mpi")  # likewise
 
 
 def _nonneg_float(text: str) -> float:
@@ -85,9 +86,8 @@ _REFUSED = [
     (("--tcp",), False, _VIA_MPIRUN),
     (("--binding-args",), True, _VIA_MPIRUN),
     (("--thread-affinity",), True, _VIA_MPIRUN),
-    (("--gpu-operations",), True, "the CUDA path stages through host memory: there is no "
-                                  "GPU backend to choose (docs/api.md)"),
-    (("--num-nccl-streams",), True, "no NCCL path yet: CUDA tensors stage through host memory"),
+    (("--num-nccl-streams",), True, "one NCCL stream per GPU and process set, not "
+                                    "configurable (docs/gpu.md)"),
     (("--ccl-bgt-affinity",), True, "no oneCCL here"),
 ]
 # ... and those that change nothing here, accepted with a note.
@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runtime log level: " + ", ".join(LOG_LEVELS))
     t.add_argument("--cpu-operations", type=str.lower, choices=CPU_OPERATIONS,
                    help="backend for host-memory collectives")
+    t.add_argument("--gpu-operations", type=str.lower, choices=GPU_OPERATIONS,
+                   help="path of CUDA tensors: nccl, or mpi (staged through host memory)")
     p.add_argument("--mpi-args", type=_mpi_args, default=[], metavar='"ARGS"',
                    help="extra arguments for mpirun, split like a shell would (but never run by one); "
                         'write --mpi-args="-v" when ARGS is a single dash option')

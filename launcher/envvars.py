@@ -46,4 +46,6 @@ def config_env(args: argparse.Namespace) -> dict[str, str]:
         env["HOROVODISH_LOG_LEVEL"] = args.log_level
     if args.cpu_operations is not None:
         env["HOROVODISH_CPU_OPERATIONS"] = args.cpu_operations
+    if args.gpu_operations is not None:
+        env["HOROVODISH_GPU_OPERATIONS"] = args.gpu_operations
     return env

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from mpi4py import MPI
 
@@ -22,8 +23,8 @@ def _agreed_paths(comm: MPI.Comm, frameworks: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from . import __doc__ as doc
-    parser = argparse.ArgumentParser(prog="python -m horovodish.bench", description=doc,
+    parser = argparse.ArgumentParser(prog="python -m horovodish.bench",
+                                     description=sys.modules[__package__].__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the figures to this file (rank 0)")
     parser.add_argument("--plot", help="draw bus bandwidth against size to this PNG (rank 0)")

@@ -74,6 +74,7 @@ class Config:
     cache_capacity: int = 1024
     cpu_operations: str | None = None
     gpu_operations: str | None = None
+    gpu_allreduce: str | None = None
     ring_threshold: int = DEFAULT_RING_THRESHOLD
     timeline: str | None = None
     timeline_mark_cycles: bool = False
@@ -104,6 +105,8 @@ class Config:
             cache_capacity=_read(env, "CACHE_CAPACITY", non_negative_int, cls.cache_capacity),
             cpu_operations=_read(env, "CPU_OPERATIONS", _choice(CPU_OPERATIONS), None),
             gpu_operations=_read(env, "GPU_OPERATIONS", _choice(GPU_OPERATIONS), None),
+            # Horovod's older knob, for allreduce alone (GPU_OPERATIONS covers every op).
+            gpu_allreduce=_read(env, "GPU_ALLREDUCE", _choice(GPU_OPERATIONS), None),
             ring_threshold=_read(env, "RING_THRESHOLD", non_negative_int, DEFAULT_RING_THRESHOLD),
             timeline=timeline,
             timeline_mark_cycles=_read(env, "TIMELINE_MARK_CYCLES", _parse_bool, False),

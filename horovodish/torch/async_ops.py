@@ -15,10 +15,13 @@ import torch
 
 from ..common.api import collectives as core
 from ..common.runtime.handles import Handle
-from ..common.messages import ReduceOp
+from ..common.messages import ReduceOp, RequestType
 from ..common.api.process_sets import ProcessSet, global_process_set
+from ..common.execution.cuda import DEVICE_CUDA
 from . import tensor_views
-from .tensor_views import as_numpy, check_tensor, device_class, empty_allocator, from_numpy
+from .tensor_views import (as_cuda_view, as_numpy, check_tensor, device_class, empty_allocator,
+                           from_cuda_view, from_numpy, on_device, ready_event,
+                           wait_on_current_stream)
 
 from ..common.messages import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 from ..common.messages import resolve_op as _resolve_op
@@ -80,7 +83,12 @@ def synchronize(handle: int) -> Any:
         if type(handles) is not list:  # the short path's (core handle, tensor or _OWNED)
             result = handles.wait()
             return finish if finish is not _OWNED else torch.from_numpy(result)
-        return finish([h.wait() for h in handles])
+        results = [h.wait() for h in handles]
+        # CUDA views (the NCCL path): entries carry completion events; other handles
+        # (plain Handle objects, in tests) have none.
+        if handles and getattr(handles[0], "event", None) is not None:
+            _stream_waits_for(handles)
+        return finish(results)
     finally:
         _handles.pop(handle, None)
 
@@ -88,6 +96,17 @@ def synchronize(handle: int) -> Any:
 # The short path's finish for an out-of-place allreduce: the result is the runtime's
 # (a view of a result block, reused once the caller drops it), made a tensor at synchronize.
 _OWNED = object()
+
+
+def _stream_waits_for(handles: list[Handle]) -> None:
+    """The caller's current stream waits for the results on the device (each group's
+    completion event once): the host does not wait for the GPU."""
+    seen: set[int] = set()
+    for h in handles:
+        event = getattr(h, "event", None)
+        if event is not None and id(event.event) not in seen:
+            seen.add(id(event.event))
+            wait_on_current_stream(event)
 
 
 def _plain_array(tensor: Any) -> np.ndarray | None:
@@ -118,24 +137,44 @@ def names_for(name: str | Sequence[str] | None, count: int, opname: str,
     return [name] if count == 1 else [f"{name}.{i}" for i in range(count)]
 
 
-def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous host tensor with tensor's values: itself if it is one, else a copy
-    (of a strided tensor, or in host memory of one on an accelerator: see staged)."""
-    if tensor_views.staged(tensor):
+# direct, below: the call's CUDA tensors go to the core as CuPy views of their memory
+# (the NCCL path, tensor_views.on_device); otherwise CUDA tensors are staged.
+def _contiguous(tensor: torch.Tensor, direct: bool = False) -> torch.Tensor:
+    """A contiguous tensor with tensor's values where the core reads it: itself if it is
+    one, else a copy (of a strided tensor, or in host memory of one on an accelerator
+    that is staged: see staged)."""
+    if not direct and tensor_views.staged(tensor):
         return tensor.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
-def _host_like(tensor: torch.Tensor) -> torch.Tensor:
-    """An empty contiguous host tensor for tensor's result."""
-    return torch.empty(tensor.shape, dtype=tensor.dtype)
+def _result_like(tensor: torch.Tensor, direct: bool = False) -> torch.Tensor:
+    """An empty contiguous tensor for tensor's result: on its device if direct, else
+    on the host."""
+    return torch.empty(tensor.shape, dtype=tensor.dtype,
+                       device=tensor.device if direct else None)
 
 
-def _back(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A host result where the caller's tensor lives (a staged one's device)."""
-    if tensor_views.staged(like):
+def _back(result: torch.Tensor, like: torch.Tensor, direct: bool = False) -> torch.Tensor:
+    """A result where the caller's tensor lives (a staged one's device)."""
+    if not direct and tensor_views.staged(like):
         return result.to(like.device, copy=True)
     return result
+
+
+def _view(tensor: torch.Tensor, direct: bool) -> Any:
+    return as_cuda_view(tensor) if direct else as_numpy(tensor)
+
+
+def _device(tensor: torch.Tensor, direct: bool) -> str:
+    return DEVICE_CUDA if direct else device_class(tensor)
+
+
+def _direct(tensors: Sequence[torch.Tensor], kind: RequestType, op: ReduceOp | None = None
+            ) -> bool:
+    """Whether this call takes the NCCL path (a CPU tensor costs one attribute read)."""
+    return bool(tensors) and isinstance(tensors[0], torch.Tensor) and \
+        tensors[0].is_cuda and on_device(list(tensors), kind, op)
 
 
 def _write_back(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
@@ -158,27 +197,34 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor],
                              postscale_factor: float, opname: str,
                              finish: Callable[[list[Any]], Any],
                              process_set: ProcessSet = global_process_set,
-                             in_place: bool = False) -> int:
+                             in_place: bool = False, direct: bool = False) -> int:
     """in_place: each output is its tensor, or the contiguous host stand-in that finish
     writes back (then it is the input too: no second copy of the tensor)."""
     sources, targets = [], []
+    kept = [] if direct else None
     for tensor, output in zip(tensors, outputs):  # one pass: this runs per tensor
         check_tensor(tensor, opname)
         if in_place:  # the very same array as input and output: the core skips a copy
-            source = as_numpy(output)
+            source = _view(output, direct)
             targets.append(source)
         else:  # no output: the runtime owns the result (a view of its block)
-            source = as_numpy(_contiguous(tensor))
-            targets.append(None if output is None else as_numpy(output))
+            contiguous = _contiguous(tensor, direct)
+            if direct:  # device memory is read later, in stream order: keep it alive
+                kept.append(contiguous)
+            source = _view(contiguous, direct)
+            targets.append(None if output is None else _view(output, direct))
         sources.append(source)
     names = names_for(name, len(tensors), "allreduce", process_set)
-    device = device_class(tensors[0]) if tensors else "cpu"
+    device = _device(tensors[0], direct) if tensors else "cpu"
+    event = ready_event(tensors[0]) if direct else None
     if len(sources) == 1:  # the core's single-tensor path: no group bookkeeping
         handles = [core.allreduce_async(sources[0], targets[0], names[0], op, prescale_factor,
-                                        postscale_factor, device, process_set)]
+                                        postscale_factor, device, process_set, event)]
     else:
         handles = core.grouped_allreduce_async(sources, targets, names, op, prescale_factor,
-                                               postscale_factor, device, process_set)
+                                               postscale_factor, device, process_set, event)
+    if kept:
+        return register(handles, lambda results, _kept=kept: finish(results))
     return register(handles, finish)
 
 
@@ -194,10 +240,13 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              name: str | None = None, op: ReduceOp | None = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
-    outputs = [_contiguous(t) for t in tensors]
-    return _grouped_allreduce_async(tensors, outputs, name, _resolve_op(average, op),
+    op = _resolve_op(average, op)
+    direct = _direct(tensors, RequestType.ALLREDUCE, op)
+    outputs = [_contiguous(t, direct) for t in tensors]
+    return _grouped_allreduce_async(tensors, outputs, name, op,
                                     prescale_factor, postscale_factor, "grouped_allreduce_",
-                                    _write_back(tensors, outputs), process_set, in_place=True)
+                                    _write_back(tensors, outputs), process_set, in_place=True,
+                                    direct=direct)
 
 
 def _allreduce_plain(array: np.ndarray, target: np.ndarray | None, result: Any,
@@ -220,10 +269,8 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     if array is not None:  # the result is the runtime's: no output to allocate or fill
         return _allreduce_plain(array, None, _OWNED, name, op, prescale_factor,
                                 postscale_factor, process_set)
-    return _grouped_allreduce_async([tensor], [None], name, op, prescale_factor,
-                                    postscale_factor, "allreduce",
-                                    lambda results: _back(from_numpy(results[0]), tensor),
-                                    process_set)
+    return _grouped_allreduce_into_runtime([tensor], name, op, prescale_factor,
+                                           postscale_factor, process_set, single=True)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -235,12 +282,13 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     if array is not None:
         return _allreduce_plain(array, array, tensor, name, op, prescale_factor,
                                 postscale_factor, process_set)
-    output = _contiguous(tensor)
+    direct = _direct([tensor], RequestType.ALLREDUCE, op)
+    output = _contiguous(tensor, direct)
     write_back = _write_back([tensor], [output])
     return _grouped_allreduce_async([tensor], [output], name, op, prescale_factor,
                                     postscale_factor, "allreduce_",
                                     lambda results: write_back(results)[0], process_set,
-                                    in_place=True)
+                                    in_place=True, direct=direct)
 
 
 def grouped_allreduce_into_runtime_async(tensors: Sequence[torch.Tensor],
@@ -258,13 +306,25 @@ def grouped_allreduce_into_runtime_async(tensors: Sequence[torch.Tensor],
 def _grouped_allreduce_into_runtime(tensors: Sequence[torch.Tensor],
                                     name: str | Sequence[str] | None, op: ReduceOp,
                                     prescale_factor: float, postscale_factor: float,
-                                    process_set: ProcessSet) -> int:
-    """The results are views of a runtime block (on the tensors' device, if staged)."""
+                                    process_set: ProcessSet, single: bool = False) -> int:
+    """The results are views of a runtime block: on the GPU for the NCCL path, else on
+    the host (moved to the tensors' device, if staged). single: return the one result."""
+    if _direct(tensors, RequestType.ALLREDUCE, op):  # views of a device result block
+        def finish_device(results: list[Any]) -> Any:
+            out = [from_cuda_view(r, t.dtype) for r, t in zip(results, tensors)]
+            return out[0] if single else out
+        return _grouped_allreduce_async(
+            tensors, [None] * len(tensors), name, op, prescale_factor, postscale_factor,
+            "allreduce" if single else "grouped_allreduce", finish_device, process_set,
+            direct=True)
+
+    def finish_host(results: list[Any]) -> Any:
+        out = [_back(from_numpy(r), t) for r, t in zip(results, tensors)]
+        return out[0] if single else out
     return _grouped_allreduce_async(tensors, [None] * len(tensors), name, op,
-                                    prescale_factor, postscale_factor, "grouped_allreduce",
-                                    lambda results: [_back(from_numpy(r), t)
-                                                     for r, t in zip(results, tensors)],
-                                    process_set)
+                                    prescale_factor, postscale_factor,
+                                    "allreduce" if single else "grouped_allreduce",
+                                    finish_host, process_set)
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -288,13 +348,17 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
                             process_set: ProcessSet = global_process_set) -> int:
     for tensor in tensors:
         check_tensor(tensor, "allgather")
+    direct = _direct(tensors, RequestType.ALLGATHER)
     outputs: list[list[torch.Tensor]] = [[] for _ in tensors]
-    sources = [_contiguous(t) for t in tensors]
+    sources = [_contiguous(t, direct) for t in tensors]
     handles = core.grouped_allgather_async(
-        [as_numpy(t) for t in sources], [empty_allocator(t, out) for t, out in zip(sources, outputs)],
+        [_view(t, direct) for t in sources],
+        [empty_allocator(t, out, direct) for t, out in zip(sources, outputs)],
         names_for(name, len(tensors), "allgather", process_set),
-        device_class(tensors[0]) if tensors else "cpu", process_set)
-    return register(handles, lambda _: [_back(out[0], t) for out, t in zip(outputs, tensors)])
+        _device(tensors[0], direct) if tensors else "cpu", process_set,
+        ready_event(tensors[0]) if direct else None)
+    return register(handles, lambda _, _kept=sources: [_back(out[0], t, direct)
+                                                       for out, t in zip(outputs, tensors)])
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
@@ -309,33 +373,40 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
 def _broadcast_async(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
                      name: str | None, finish: Callable[[list[Any]], Any],
                      process_set: ProcessSet = global_process_set,
-                     in_place: bool = False) -> int:
+                     in_place: bool = False, direct: bool = False) -> int:
     """in_place: output is tensor or its host stand-in (see _grouped_allreduce_async)."""
     check_tensor(tensor, "broadcast")
+    kept = None
     if in_place:
-        source = target = as_numpy(output)
+        source = target = _view(output, direct)
     else:
-        source, target = as_numpy(_contiguous(tensor)), as_numpy(output)
+        kept = _contiguous(tensor, direct)
+        source, target = _view(kept, direct), _view(output, direct)
     handle = core.broadcast_async(source, target, root_rank,
                                   names_for(name, 1, "broadcast", process_set)[0],
-                                  device_class(tensor), process_set)
-    return register([handle], finish)
+                                  _device(tensor, direct), process_set,
+                                  ready_event(tensor) if direct else None)
+    return register([handle], (lambda results, _kept=kept: finish(results)) if direct
+                    else finish)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
-    output = _host_like(tensor)
-    return _broadcast_async(tensor, output, root_rank, name, lambda _: _back(output, tensor),
-                            process_set)
+    direct = _direct([tensor], RequestType.BROADCAST)
+    output = _result_like(tensor, direct)
+    return _broadcast_async(tensor, output, root_rank, name,
+                            lambda _: _back(output, tensor, direct), process_set,
+                            direct=direct)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
-    output = _contiguous(tensor)
+    direct = _direct([tensor], RequestType.BROADCAST)
+    output = _contiguous(tensor, direct)
     write_back = _write_back([tensor], [output])
     return _broadcast_async(tensor, output, root_rank, name,
                             lambda results: write_back(results)[0], process_set,
-                            in_place=True)
+                            in_place=True, direct=direct)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -356,15 +427,18 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     if splits is not None:
         split_list = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor)
                                        else splits)]
-    source = _contiguous(tensor)
+    direct = _direct([tensor], RequestType.ALLTOALL)
+    source = _contiguous(tensor, direct)
     outputs: list[torch.Tensor] = []
-    handle = core.alltoall_async(as_numpy(source), split_list, empty_allocator(source, outputs),
+    handle = core.alltoall_async(_view(source, direct), split_list,
+                                 empty_allocator(source, outputs, direct),
                                  names_for(name, 1, "alltoall", process_set)[0],
-                                 device_class(tensor), process_set)
+                                 _device(tensor, direct), process_set,
+                                 ready_event(tensor) if direct else None)
 
-    def finish(results: list[Any]) -> Any:
+    def finish(results: list[Any], _kept: torch.Tensor = source) -> Any:
         received = torch.from_numpy(np.asarray(results[0][1]))
-        output = _back(outputs[0], tensor)
+        output = _back(outputs[0], tensor, direct)
         return (output, received) if with_received else output
     return register([handle], finish)
 
@@ -377,17 +451,22 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 postscale_factor: float = 1.0) -> int:
     process_set = core.resolve(process_set)
     rank, size = process_set.rank(), process_set.size()
+    op = ReduceOp(op)
+    direct = _direct(tensors, RequestType.REDUCESCATTER, op)
     sources, outputs = [], []
     for tensor in tensors:
         check_tensor(tensor, "reducescatter")
-        sources.append(_contiguous(tensor))
+        sources.append(_contiguous(tensor, direct))
         shape = core.reducescatter_shape(tensor.shape, rank, size) if tensor.dim() else ()
-        outputs.append(torch.empty(shape, dtype=tensor.dtype))
+        outputs.append(torch.empty(shape, dtype=tensor.dtype,
+                                   device=tensor.device if direct else None))
     handles = core.grouped_reducescatter_async(
-        [as_numpy(t) for t in sources], [as_numpy(o) for o in outputs],
+        [_view(t, direct) for t in sources], [_view(o, direct) for o in outputs],
         names_for(name, len(tensors), "reducescatter", process_set), op, prescale_factor,
-        postscale_factor, device_class(tensors[0]) if tensors else "cpu", process_set)
-    return register(handles, lambda _: [_back(o, t) for o, t in zip(outputs, tensors)])
+        postscale_factor, _device(tensors[0], direct) if tensors else "cpu", process_set,
+        ready_event(tensors[0]) if direct else None)
+    return register(handles, lambda _, _kept=sources: [_back(o, t, direct)
+                                                       for o, t in zip(outputs, tensors)])
 
 
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,

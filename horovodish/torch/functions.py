@@ -41,9 +41,12 @@ def broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, name: st
     with torch.no_grad():
         for dtype in sorted(by_dtype, key=str):
             group = by_dtype[dtype]
-            # On the host: a group may mix devices (Adam keeps its step count on the CPU
-            # next to CUDA moments), and the broadcast stages through host memory anyway.
-            flat = torch.cat([t.detach().reshape(-1).to("cpu") for t in group])
+            # On their device when they share one (a CUDA model's parameters: the NCCL
+            # path, where chosen), else on the host: a group may mix devices (Adam keeps
+            # its step count on the CPU next to CUDA moments).
+            devices = {t.device for t in group}
+            device = devices.pop() if len(devices) == 1 else torch.device("cpu")
+            flat = torch.cat([t.detach().reshape(-1).to(device) for t in group])
             tag = f"{name}.{str(dtype).replace('torch.', '')}"
             try:
                 mpi_ops.broadcast_(flat, root_rank, name=tag, process_set=process_set)

@@ -108,6 +108,9 @@ MISMATCHES = [
     ("prescale factor", ar("t"), ar("t", prescale=2.0), ["1.0", "2.0"]),
     ("postscale factor", ar("t"), ar("t", postscale=3.0), ["3.0"]),
     ("device class", ar("t"), ar("t", device="cuda"), ["cpu", "cuda"]),
+    ("device class", ar("t"), ar("t", device="cuda/host"), ["cpu", "cuda"]),  # staged too
+    ("GPU path", ar("t", device="cuda"), ar("t", device="cuda/host"),
+     ["HOROVODISH_GPU_OPERATIONS", "rank 0: cuda", "rank 1: cuda/host"]),
     ("collective", ar("t"), Request("t", RequestType.ALLGATHER, "float32", (4,)),
      ["allreduce", "allgather"]),
     ("root rank", Request("t", RequestType.BROADCAST, "float32", (4,), root_rank=0),

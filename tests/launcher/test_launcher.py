@@ -61,6 +61,7 @@ def launch(args: list[str], timeout: float = 60, **kw) -> subprocess.CompletedPr
     (["--log-level", "trace"], {"HOROVODISH_LOG_LEVEL": "trace"}),
     (["--cpu-operations", "ring"], {"HOROVODISH_CPU_OPERATIONS": "ring"}),
     (["--cpu-operations", "SHM"], {"HOROVODISH_CPU_OPERATIONS": "shm"}),
+    (["--gpu-operations", "NCCL"], {"HOROVODISH_GPU_OPERATIONS": "nccl"}),
 ])
 def test_flag_becomes_env_var(flags, expected):
     assert config_env(parse_args(["-np", "2", *flags, "python", "x.py"])) == expected
@@ -70,6 +71,7 @@ def test_cpu_operations_choices_match_the_runtime():
     from horovodish.common import config
     from horovodish.launcher import cli
     assert cli.CPU_OPERATIONS == config.CPU_OPERATIONS
+    assert cli.GPU_OPERATIONS == config.GPU_OPERATIONS
 
 
 def test_paths_become_absolute(tmp_path, monkeypatch):

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .process_state import rank, state
 from ..execution.backends.adasum import is_power_of_two
 from ..dtypes import check_reduction, dtype_name, known_dtype_name
+from ..execution.cuda import device_for
 from ..runtime.entry import Entry
 from ..runtime.handles import Handle
 from ..messages import ReduceOp, Request, RequestType
@@ -36,6 +37,14 @@ def auto_name(opname: str, process_set: ProcessSet | None = None) -> str:
     set_id = 0 if process_set is None else (process_set.process_set_id or 0)
     prefix = opname if set_id == 0 else f"ps{set_id}.{opname}"
     return f"{prefix}.noname.{next(_counters[(opname, set_id)])}"
+
+
+def cuda_device(kind: RequestType, dtype: str, op: ReduceOp | None = None) -> str:
+    """The device string for a CUDA tensor's request: "cuda" where the adapter passes
+    CuPy views of its memory (NCCL), "cuda/host" where it stages it through host memory
+    (execution/cuda.py). Decided by init()'s choice, the call and the dtype alone, so
+    the same on every rank."""
+    return device_for(state().gpu, kind, dtype, op)
 
 
 def reset_auto_names() -> None:
@@ -113,11 +122,13 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray],
                             outputs: Sequence[np.ndarray | None],
                             names: Sequence[str], op: ReduceOp, prescale: float = 1.0,
                             postscale: float = 1.0, device: str = "cpu",
-                            process_set: ProcessSet | None = None) -> list[Handle]:
+                            process_set: ProcessSet | None = None,
+                            event: Any = None) -> list[Handle]:
     """Allreduce several tensors; they enter negotiation in the same cycle, so they fuse.
 
     An output of None lets the runtime own the result: the handle returns a view of a
-    runtime block (valid for as long as the caller keeps it; saves a copy)."""
+    runtime block (valid for as long as the caller keeps it; saves a copy). event: for
+    CUDA views, the ready event recorded on the caller's stream (cuda_streams.py)."""
     process_set = resolve(process_set)
     completions = process_set.runtime.completions
     kind = _ALLREDUCE
@@ -128,13 +139,14 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray],
         if output is not tensor:
             _check_output(tensor, output, "allreduce", name)
         entries.append(Entry(reduction_request(kind, name, tensor, op, prescale, postscale,
-                                               device), tensor, completions, output))
+                                               device), tensor, completions, output,
+                             event=event))
     return _submit(entries, process_set)
 
 
 def allreduce_async(tensor: np.ndarray, output: np.ndarray | None, name: str, op: ReduceOp,
                     prescale: float = 1.0, postscale: float = 1.0, device: str = "cpu",
-                    process_set: ProcessSet | None = None) -> Handle:
+                    process_set: ProcessSet | None = None, event: Any = None) -> Handle:
     # The grouped call for one tensor, without its lists: bursts of single submits are
     # the pattern to be fast for (docs/tuning.md), so the common case skips calls.
     if (process_set is None or process_set is global_process_set) and \
@@ -150,31 +162,34 @@ def allreduce_async(tensor: np.ndarray, output: np.ndarray | None, name: str, op
                                                   process_set)
     runtime = process_set.runtime
     entry = Entry(reduction_request(_ALLREDUCE, name, tensor, op, prescale, postscale, device),
-                  tensor, runtime.completions, output)
+                  tensor, runtime.completions, output, event=event)
     runtime.submit_one(entry, name)
     return entry
 
 
 def grouped_allgather_async(tensors: Sequence[np.ndarray], allocators: Sequence[Allocator],
                             names: Sequence[str], device: str = "cpu",
-                            process_set: ProcessSet | None = None) -> list[Handle]:
+                            process_set: ProcessSet | None = None,
+                            event: Any = None) -> list[Handle]:
     process_set = resolve(process_set)
     completions = process_set.runtime.completions
     entries = []
     for tensor, allocate, name in zip(tensors, allocators, names):
         _require_first_dim(tensor, "allgather", name)
         entries.append(Entry(_request(RequestType.ALLGATHER, name, tensor, device), tensor,
-                             completions, allocate=allocate))
+                             completions, allocate=allocate, event=event))
     return _submit(entries, process_set)
 
 
 def allgather_async(tensor: np.ndarray, allocate: Allocator, name: str, device: str = "cpu",
-                    process_set: ProcessSet | None = None) -> Handle:
-    return grouped_allgather_async([tensor], [allocate], [name], device, process_set)[0]
+                    process_set: ProcessSet | None = None, event: Any = None) -> Handle:
+    return grouped_allgather_async([tensor], [allocate], [name], device, process_set,
+                                   event)[0]
 
 
 def broadcast_async(tensor: np.ndarray, output: np.ndarray, root_rank: int, name: str,
-                    device: str = "cpu", process_set: ProcessSet | None = None) -> Handle:
+                    device: str = "cpu", process_set: ProcessSet | None = None,
+                    event: Any = None) -> Handle:
     """root_rank is a world rank (as in Horovod), also for a process set."""
     process_set = resolve(process_set)
     size = state().size
@@ -184,13 +199,14 @@ def broadcast_async(tensor: np.ndarray, output: np.ndarray, root_rank: int, name
     root = process_set.set_rank_of(int(root_rank), f"broadcast of tensor '{name}': root_rank")
     _check_output(tensor, output, "broadcast", name)
     request = _request(RequestType.BROADCAST, name, tensor, device, root_rank=root)
-    entry = Entry(request, tensor, process_set.runtime.completions, output=output)
+    entry = Entry(request, tensor, process_set.runtime.completions, output=output,
+                  event=event)
     return _submit([entry], process_set)[0]
 
 
 def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | None, allocate: Allocator,
                    name: str, device: str = "cpu",
-                   process_set: ProcessSet | None = None) -> Handle:
+                   process_set: ProcessSet | None = None, event: Any = None) -> Handle:
     process_set = resolve(process_set)
     size = process_set.size()
     _require_first_dim(tensor, "alltoall", name)
@@ -209,7 +225,8 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | None, allocate: A
             raise ValueError(f"alltoall of tensor '{name}': splits {list(split_tuple)} must be "
                              f"non-negative and sum to the first dimension {rows}.")
     request = _request(RequestType.ALLTOALL, name, tensor, device, splits=split_tuple)
-    entry = Entry(request, tensor, process_set.runtime.completions, allocate=allocate)
+    entry = Entry(request, tensor, process_set.runtime.completions, allocate=allocate,
+                  event=event)
     return _submit([entry], process_set)[0]
 
 
@@ -223,7 +240,8 @@ def reducescatter_shape(shape: Sequence[int], rank: int, size: int) -> tuple[int
 def grouped_reducescatter_async(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
                                 names: Sequence[str], op: ReduceOp, prescale: float = 1.0,
                                 postscale: float = 1.0, device: str = "cpu",
-                                process_set: ProcessSet | None = None) -> list[Handle]:
+                                process_set: ProcessSet | None = None,
+                                event: Any = None) -> list[Handle]:
     process_set = resolve(process_set)
     completions = process_set.runtime.completions
     entries = []
@@ -233,7 +251,7 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], outputs: Sequence
                                                   postscale, name, process_set)
         request = reduction_request(RequestType.REDUCESCATTER, name, tensor, op, prescale,
                                     postscale, device)
-        entries.append(Entry(request, tensor, completions, output=output))
+        entries.append(Entry(request, tensor, completions, output=output, event=event))
     return _submit(entries, process_set)
 
 

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from mpi4py import MPI
 
 from ..config import Config
+from ..execution.cuda import choose_gpu_operations
 from ..logging_setup import configure, warn_once
 from ..runtime import exit_hook, interrupts
 from ..runtime.assemble import build_runtime
@@ -64,10 +65,13 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         homogeneous = len(set(world.allgather(local.Get_size()))) == 1
         if config.caller_runs:
             interrupts.install()  # lets the main thread run cycles (see interrupts.py)
-        runtime = build_runtime(world, config, record_timeline=True)
+        # Before any runtime exists: a rank that raises here (NCCL asked for and missing)
+        # ends the job through exit_hook instead of leaving the others in a collective.
+        gpu = choose_gpu_operations(config)
+        runtime = build_runtime(world, config, record_timeline=True, gpu=gpu)
         dynamic = process_sets == "dynamic" or config.dynamic_process_sets
         new = State(config, world, world.Dup(), local, cross, runtime, rank, size, dynamic,
-                    homogeneous=homogeneous)
+                    homogeneous=homogeneous, gpu=gpu)
         _current.replace(new)
         # Set ids start from 1 again, maybe with other members: so do unnamed ops' numbers.
         reset_auto_names()
@@ -99,7 +103,8 @@ def register_process_set(process_set: Any) -> None:
     state_.next_process_set_id += 1
     if sub != MPI.COMM_NULL:
         process_set.comm = sub
-        process_set.runtime = build_runtime(sub, state_.config, world_ranks=ranks)
+        process_set.runtime = build_runtime(sub, state_.config, world_ranks=ranks,
+                                            gpu=state_.gpu)
     state_.process_sets[process_set.process_set_id] = process_set
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from ..config import Config
 from ..errors import not_initialized_error
+from ..execution.cuda import (GpuOperations, cuda_runtime_version, load_nccl, nccl_version,
+                              why_not)
 
 
 @dataclass
@@ -28,6 +30,7 @@ class State:
     process_sets: dict[int, Any] = field(default_factory=dict)
     next_process_set_id: int = 1
     registration_calls: int = 0  # add/remove_process_set calls so far (the same on every rank)
+    gpu: GpuOperations = GpuOperations()  # the path of CUDA tensors, chosen at init()
 
 
 _state: State | None = None
@@ -107,19 +110,21 @@ def gloo_enabled() -> bool:
     return False
 
 
-def nccl_built() -> bool:
-    """True when CuPy with its NCCL bindings imports (the nccl backend's requirement)."""
+def nccl_built() -> int:
+    """NCCL's version code (e.g. 22805 for 2.28.5) when CuPy's NCCL bindings load here
+    (the nccl backend's requirement), else 0 (Horovod returns its build's version or
+    0; a version is truthy, so `if hvd.nccl_built():` reads the same)."""
     try:
-        from cupy.cuda import nccl  # noqa: F401
+        return nccl_version() if why_not(load_nccl) is None else 0
     except Exception:
-        return False
-    return True
+        return 0
 
 
 def cuda_built() -> bool:
+    """True when CuPy and its CUDA runtime load (the CUDA path's requirement; a GPU need
+    not be present: Horovod's answer is about the build, too)."""
     try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return cuda_runtime_version() > 0
     except Exception:
         return False
 

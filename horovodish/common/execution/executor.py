@@ -19,6 +19,7 @@ from ..messages import ReduceOp, RequestType, Response
 from ..runtime.entry import Entry, finish_all
 from ..timeline import Timeline, now_us
 from .arithmetic import divide_toward_zero
+from .cuda import DEVICE_CUDA
 from .operations import OperationManager
 from .staging import AllreduceGroup, Workspace, scaled_copy
 
@@ -71,6 +72,12 @@ class Executor:
         if kind == RequestType.ALLREDUCE:
             return self._allreduce(group, mine)
         response, entry = group[0], mine[0]
+        if response.device == DEVICE_CUDA and kind in _WHOLE_ON_DEVICE:
+            backend = self.operations.choose(kind, response.dtype, 0, device=response.device)
+            self._phase(f"{backend.name.upper()}_{kind.name}")
+            pre, post = self._scales(response, divide_first=False)
+            return [backend.run_one(kind, response, entry,
+                                    (pre, post, self.size if self._divides(response) else 0))]
         if kind == RequestType.ALLGATHER:
             return [self._allgather(response, entry)]
         if kind == RequestType.BROADCAST:
@@ -98,7 +105,8 @@ class Executor:
         counts = [r.count for r in group]
         op = ReduceOp.SUM if first.reduce_op == ReduceOp.AVERAGE else first.reduce_op
         backend = self.operations.choose(RequestType.ALLREDUCE, first.dtype,
-                                         sum(counts) * dtype.itemsize, len(group), op)
+                                         sum(counts) * dtype.itemsize, len(group), op,
+                                         first.device)
         pre, post = self._scales(first)
         # The collectives must be the same on every rank, so pieces follow from the group
         # alone, never from rank-local facts (whether this rank owns results, has joined).
@@ -126,7 +134,8 @@ class Executor:
         if not backend.pipelined or len(counts) < 2 or \
                 sum(counts) * itemsize < 2 * PIPELINE_PIECE_BYTES or \
                 self.operations.choose(RequestType.ALLREDUCE, first.dtype,
-                                       PIPELINE_PIECE_BYTES, len(counts), op) is not backend:
+                                       PIPELINE_PIECE_BYTES, len(counts), op,
+                                       first.device) is not backend:
             return [(0, len(counts))]
         pieces, start, piece_bytes = [], 0, 0
         for index, count in enumerate(counts):
@@ -214,6 +223,10 @@ class Executor:
             scaled_copy(flat_out, flat_out, post)
         return out
 
+
+# Run whole by a device-memory backend when their views are CUDA memory.
+_WHOLE_ON_DEVICE = frozenset({RequestType.ALLGATHER, RequestType.BROADCAST,
+                              RequestType.ALLTOALL, RequestType.REDUCESCATTER})
 
 # Dtypes whose Average divides each contribution by size before the sum instead of the
 # sum after it: a factor below one cannot overflow, and the rounding differs by an ulp

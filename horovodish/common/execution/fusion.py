@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 import sys
+from typing import Any, Callable
 
 import numpy as np
 
@@ -56,17 +57,24 @@ class FusionPlanner:
         return self._groups
 
 
+def _host_empty(count: int, dtype: np.dtype) -> np.ndarray:
+    return np.empty(count, dtype=dtype)
+
+
 class FusionBuffers:
     """One persistent buffer per dtype, grown on demand, never allocated per cycle."""
 
-    def __init__(self) -> None:
-        self._buffers: dict[np.dtype, np.ndarray] = {}
+    def __init__(self, empty: Callable[[int, np.dtype], Any] | None = None) -> None:
+        """empty(count, dtype) allocates: host memory by default, or CuPy's device
+        memory."""
+        self._empty = empty or _host_empty
+        self._buffers: dict[np.dtype, Any] = {}
 
     def get(self, dtype: np.dtype, count: int) -> np.ndarray:
         buf = self._buffers.get(dtype)
         if buf is None or buf.size < count:
             grown = max(count, 2 * buf.size if buf is not None else 0)
-            buf = np.empty(grown, dtype=dtype)
+            buf = self._empty(grown, dtype)
             self._buffers[dtype] = buf
         return buf[:count]
 
@@ -84,10 +92,14 @@ class ResultBlocks:
     ones are left to their holders.
     """
 
-    def __init__(self, max_idle: int = 64, max_tracked: int = 256) -> None:
+    def __init__(self, max_idle: int = 64, max_tracked: int = 256,
+                 empty: Callable[[int, np.dtype], Any] | None = None) -> None:
+        """empty(count, dtype) allocates a block: host memory by default, or CuPy's
+        device memory (whose views keep their base alive too)."""
         self._max_idle = max_idle
         self._max_tracked = max_tracked
-        self._blocks: list[np.ndarray] = []
+        self._empty = empty or _host_empty
+        self._blocks: list[Any] = []
         self._last_taken: list[int] = []
         self._takes = 0
 
@@ -101,7 +113,7 @@ class ResultBlocks:
     def take(self, dtype: np.dtype, count: int) -> np.ndarray:
         """A flat block of at least count elements of dtype that nobody else references."""
         if count == 0:  # an empty view would keep a whole block alive
-            return np.empty(0, dtype=dtype)
+            return self._empty(0, dtype)
         self._takes += 1
         best = -1
         blocks = self._blocks
@@ -111,7 +123,7 @@ class ResultBlocks:
                     (best < 0 or blocks[i].size < blocks[best].size) and self._free(i):
                 best = i
         if best < 0:
-            self._blocks.append(np.empty(count, dtype=dtype))
+            self._blocks.append(self._empty(count, dtype))
             self._last_taken.append(0)
             best = len(self._blocks) - 1
         self._last_taken[best] = self._takes

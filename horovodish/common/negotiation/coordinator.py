@@ -121,7 +121,10 @@ class Coordinator:
         checks: list[tuple[str, Callable[[Request], object]]] = [
             ("collective", lambda r: r.type),
             ("dtype", lambda r: r.dtype),
-            ("device class", lambda r: r.device),
+            # "cuda" or "cuda/host": the class first (CPU against CUDA tensors), then
+            # the path (NCCL on one rank, host staging on another: execution/cuda.py).
+            ("device class", lambda r: r.device.partition("/")[0]),
+            ("GPU path (HOROVODISH_GPU_OPERATIONS)", lambda r: r.device),
         ]
         kind = first.type
         if kind in (RequestType.ALLREDUCE, RequestType.REDUCESCATTER):

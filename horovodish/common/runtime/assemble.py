@@ -13,8 +13,10 @@ from ..autotune import Autotuner, Params
 from ..config import Config
 from ..execution.backends.adasum import AdasumBackend
 from ..execution.backends.mpi import MPIBackend
+from ..execution.backends.nccl import NcclBackend
 from ..execution.backends.ring import RingBackend
 from ..execution.backends.shm import SharedMemoryBackend
+from ..execution.cuda import GpuOperations
 from ..execution.executor import Executor
 from ..execution.operations import OperationManager
 from ..negotiation.controller import Controller
@@ -24,10 +26,13 @@ from .thread import Runtime
 
 
 def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
-                  world_ranks: list[int] | None = None) -> Any:
+                  world_ranks: list[int] | None = None,
+                  gpu: GpuOperations = GpuOperations()) -> Any:
     """A runtime thread with its own controller, coordinator, cache and backends on comm.
 
-    world_ranks: for a process set, the world rank of each set rank (what messages say)."""
+    world_ranks: for a process set, the world rank of each set rank (what messages say).
+    gpu: the path of CUDA tensors chosen at init(); with NCCL in it, the NCCL backend
+    (whose communicator is created at the set's first CUDA collective) runs CUDA views."""
 
     rank, size = comm.Get_rank(), comm.Get_size()
     timeline = record_timeline and config.timeline and config.timeline.upper() != "DYNAMIC"
@@ -41,6 +46,8 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
                 SharedMemoryBackend(comm, config.cpu_operations, world_ranks=world_ranks),
                 RingBackend(comm, config.ring_threshold, config.cpu_operations),
                 MPIBackend(comm)]
+    if gpu.uses_nccl:
+        backends.insert(0, NcclBackend(comm))
     controller = Controller(MPITransport(comm), config.cache_capacity, stall,
                             world_ranks=world_ranks)
     executor = Executor(OperationManager(backends), rank, size)

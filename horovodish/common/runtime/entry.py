@@ -21,11 +21,15 @@ class Entry(Handle):
     ``allocate``. An allreduce without an output gets a view of a runtime-owned block.
     """
 
-    __slots__ = ("request", "tensor", "output", "allocate")
+    # event: for CUDA views, the CUDA event recorded on the caller's stream at submit,
+    # replaced at completion by the event that marks the result ready on the device
+    # (the caller's stream waits on it in synchronize); None for host memory.
+    __slots__ = ("request", "tensor", "output", "allocate", "event")
 
     def __init__(self, request: Request, tensor: np.ndarray | None, completions: Completions,
                  output: np.ndarray | None = None,
-                 allocate: Callable[[tuple[int, ...]], np.ndarray] | None = None) -> None:
+                 allocate: Callable[[tuple[int, ...]], np.ndarray] | None = None,
+                 event: Any = None) -> None:
         # Handle's fields set here rather than through super().__init__: one call fewer.
         self.name = request.name
         self._completions = completions
@@ -36,6 +40,7 @@ class Entry(Handle):
         self.tensor = tensor
         self.output = output
         self.allocate = allocate
+        self.event = event
 
     def finish(self, result: Any = None, error: BaseException | None = None) -> None:
         """Also drops the tensors: the caller may keep the handle long after.

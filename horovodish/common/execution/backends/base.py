@@ -5,14 +5,22 @@ Allreduce has two entries: ``allreduce(buf, op)`` on one flat buffer, and
 fusion buffer and reduces it with ``reduce_fused`` (staging.py). A backend with a
 better way to run a group (shared memory) overrides ``allreduce_group``; one that needs
 the tensors' boundaries (Adasum) overrides ``reduce_fused``.
+
+A backend works on one kind of memory (``memory``): host backends get numpy buffers
+from the executor, which does the local copies and scaling around their flat
+primitives; a device-memory backend (NCCL) gets whole responses (``allreduce_group``,
+``run_one``) and does those itself, on its own stream. The operation manager never
+offers a request to a backend of the other memory.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import numpy as np
 
-from ...messages import ReduceOp, RequestType
+from ...messages import ReduceOp, RequestType, Response
+from ...runtime.entry import Entry
 from ..staging import AllreduceGroup, through_fusion_buffer
 
 
@@ -23,6 +31,8 @@ class Backend(ABC):
     # Whether a large group may go in pieces of about 1 MiB (each piece reduced on its
     # own): False where a group's result depends on all of it at once (Adasum).
     pipelined: bool = True
+    # "host" (numpy views) or "cuda" (CuPy views of device memory).
+    memory: str = "host"
 
     @abstractmethod
     def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1,
@@ -59,4 +69,11 @@ class Backend(ABC):
 
     def alltoallv(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
                   recv_counts: list[int]) -> None:
+        raise NotImplementedError
+
+    def run_one(self, kind: RequestType, response: Response, entry: Entry | None,
+                scaling: tuple[float, float, int]) -> Any:
+        """Run an allgather, broadcast, alltoall or reducescatter whole and return what
+        the executor's host path returns for it (device-memory backends only). scaling:
+        (prescale, postscale, exact divisor or 0) as a reducescatter applies them."""
         raise NotImplementedError
