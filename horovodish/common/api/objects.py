@@ -3,12 +3,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import cloudpickle
 import numpy as np
 
-from . import collectives
+try:  # lambdas and closures travel too; plain pickle where cloudpickle is missing
+    import cloudpickle as _pickler
+except ImportError:  # (a bare machine's own Python, such as the GPU machine's)
+    import pickle as _pickler
 
-from .process_state import rank, state
+from . import collectives
+from .process_state import rank
 from .process_sets import ProcessSet
 
 
@@ -18,7 +21,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     process_set = collectives.resolve(process_set)
     name = name or collectives.auto_name("broadcast_object", process_set)
     is_root = rank() == root_rank
-    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if is_root \
+    payload = np.frombuffer(_pickler.dumps(obj), dtype=np.uint8) if is_root \
         else np.empty(0, dtype=np.uint8)
     length = np.array([payload.size], dtype=np.int64)
     collectives.broadcast_async(length, length, root_rank, f"{name}.size",
@@ -26,7 +29,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     data = payload.copy() if is_root else np.empty(int(length[0]), dtype=np.uint8)
     collectives.broadcast_async(data, data, root_rank, f"{name}.data",
                                 process_set=process_set).wait()
-    return obj if is_root else cloudpickle.loads(data.tobytes())
+    return obj if is_root else _pickler.loads(data.tobytes())
 
 
 def allgather_object(obj: Any, name: str | None = None,
@@ -34,12 +37,12 @@ def allgather_object(obj: Any, name: str | None = None,
     """Every rank's obj, in rank order, on every rank (of the set)."""
     process_set = collectives.resolve(process_set)
     name = name or collectives.auto_name("allgather_object", process_set)
-    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
+    payload = np.frombuffer(_pickler.dumps(obj), dtype=np.uint8)
     sizes = collectives.allgather_async(np.array([payload.size], dtype=np.int64),
                                         lambda shape: np.empty(shape, dtype=np.int64),
                                         f"{name}.size", process_set=process_set).wait()
     data = collectives.allgather_async(payload, lambda shape: np.empty(shape, dtype=np.uint8),
                                        f"{name}.data", process_set=process_set).wait()
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    return [cloudpickle.loads(data[offsets[i]:offsets[i + 1]].tobytes())
+    return [_pickler.loads(data[offsets[i]:offsets[i + 1]].tobytes())
             for i in range(len(sizes))]
