@@ -116,7 +116,7 @@ def equivalence(rank: int, size: int) -> None:
     model = make_model()
     params = list(model.parameters())
     same_weights(train(SGD, model=model, groups=[params[:2], params[3:]])[0], ref, 1e-5,
-          "groups as lists")
+                 "groups as lists")
     same_weights(train(SGD, bucket_cap_mb=0)[0], ref, 1e-5, "without learned order")
     same_weights(train(SGD, bucket_cap_mb=0.0005)[0], ref, 1e-5, "many small buckets")
     same_weights(train(SGD, op=hvd.Sum)[0], reference(SGD, scale=hvd.size()), 1e-5, "op=Sum")
@@ -124,9 +124,10 @@ def equivalence(rank: int, size: int) -> None:
     for compression, tol in [(hvd.Compression.fp16, 2e-3), (hvd.Compression.bf16, 2e-2)]:
         same_weights(train(SGD, compression=compression)[0], ref, tol, f"{compression.__name__}")
     same_weights(train(ADAM, gradient_as_bucket_view=False)[0], reference(ADAM), 1e-5,
-          "gradients reduced in place")
-    same_weights(train(SGD, gradient_as_bucket_view=False, compression=hvd.Compression.fp16)[0], ref,
-          2e-3, "in place with fp16 compression")
+                 "gradients reduced in place")
+    same_weights(train(SGD, gradient_as_bucket_view=False,
+                       compression=hvd.Compression.fp16)[0], ref, 2e-3,
+                 "in place with fp16 compression")
 
 
 def gradient_identity(rank: int, size: int) -> None:
@@ -174,7 +175,8 @@ class Branchy(nn.Module):
 def branch_on_one_rank(rank: int, size: int) -> None:
     loss_fn = lambda m, x, y, r: F.mse_loss(m(x, r == 0), y)  # noqa: E731
     model, _ = train(ADAM, model=Branchy(), loss_fn=loss_fn)
-    same_weights(model, reference(ADAM, model=Branchy(), loss_fn=loss_fn), 1e-5, "branch on rank 0")
+    same_weights(model, reference(ADAM, model=Branchy(), loss_fn=loss_fn), 1e-5,
+                 "branch on rank 0")
 
 
 class Embedder(nn.Module):
@@ -227,7 +229,7 @@ def sparse_adam(rank: int, size: int) -> None:
             model, _ = train(sparse_adam, model=EmbeddingOnly(), loss_fn=loss_fn,
                              sparse_as_dense=as_dense, gradient_as_bucket_view=in_place)
             same_weights(model, want, 1e-5, f"SparseAdam, sparse_as_dense={as_dense}, "
-                  f"gradient_as_bucket_view={in_place}")
+                         f"gradient_as_bucket_view={in_place}")
 
 
 def sparse_on_some_ranks_in_the_first_step(rank: int, size: int) -> None:
@@ -246,7 +248,8 @@ def sparse_on_some_ranks_in_the_first_step(rank: int, size: int) -> None:
     for cap in (25.0, 0.0):
         model, _ = train(plain, steps=4, model=Embedder(sparse=True),
                          loss_fn=first_step_on_rank_0(), bucket_cap_mb=cap)
-        same_weights(model, want, 1e-5, f"sparse gradient on rank 0 alone in step 1, cap {cap}")
+        same_weights(model, want, 1e-5,
+                     f"sparse gradient on rank 0 alone in step 1, cap {cap}")
 
 
 def sgd_pair(cap: float, reverse: bool = False) -> tuple[nn.Module, Any, nn.Module, Any]:
