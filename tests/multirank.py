@@ -6,18 +6,18 @@ is exercised everywhere), gets unbuffered, interleaved stdout+stderr for its fai
 message, and can never hang the suite: on timeout the whole job tree is killed and the
 test fails with whatever the ranks had printed.
 
-Example::
+Example (the worker's checks are the functions it passes to worker_support.run_checks)::
 
-    from multirank import run_ranks, assert_ok
+    from multirank import assert_ranks_ok, run_ranks
 
     def test_allreduce():
-        result = run_ranks(Path(__file__).parent / "scripts" / "allreduce.py", np=2)
-        assert_ok(result)
-        assert "rank 1 ok" in result.stdout
+        result = run_ranks(Path(__file__).parent / "workers" / "allreduce_worker.py", np=2)
+        assert_ranks_ok(result, 2, ["sum", "average"])
 
 Ranks run unbuffered and mpirun merges their output by chunks, so a line that a test will
-parse should leave a rank in one write: ``sys.stdout.write(f"rank {r} ok\\n")``. (``print``
-writes the text and the newline separately, and two ranks' lines can then mix.)
+parse should leave a rank in one write: ``sys.stdout.write(f"rank {r}: ...\\n")``, as
+worker_support does. (``print`` writes the text and the newline separately, and two ranks'
+lines can then mix.)
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-# Failures of the check now running: (what, detail) pairs.
+# Failures of the check now running, each a line that says what differed.
 _failures: list[str] = []
 _comparisons = 0
 
@@ -54,16 +54,19 @@ def check(condition: Any, what: str) -> bool:
     return bool(condition)
 
 
-def close(got: Any, want: Any, what: str, tol: float = 0.0) -> bool:
-    """got equals want (same shape; within tol, relative and absolute, for numbers)."""
+def close(got: Any, want: Any, what: str, tol: float = 0.0,
+          atol: float | None = None) -> bool:
+    """got equals want (same shape); for numbers within tol relative plus atol absolute
+    (atol defaults to tol), as numpy's allclose(rtol=tol, atol=atol): exact if both are 0."""
+    atol = tol if atol is None else atol
     got_array, want_array = _as_array(got), _as_array(want)
     if got_array.shape != want_array.shape:
         return check(False, f"{what}: shape {got_array.shape}, want {want_array.shape}")
-    if got_array.dtype == np.bool_ or want_array.dtype == np.bool_ or tol == 0.0:
+    if got_array.dtype == np.bool_ or want_array.dtype == np.bool_ or tol == atol == 0.0:
         same = np.array_equal(got_array, want_array, equal_nan=got_array.dtype.kind == "f")
     else:
         same = np.allclose(got_array.astype(np.float64), want_array.astype(np.float64),
-                           rtol=tol, atol=tol, equal_nan=True)
+                           rtol=tol, atol=atol, equal_nan=True)
     return check(same, f"{what}: got {_short(got_array)}, want {_short(want_array)}")
 
 

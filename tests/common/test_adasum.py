@@ -5,13 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from multirank import assert_ok, run_ranks
+from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "adasum_worker.py"
+POWER_OF_TWO_CHECKS = ["float_dtypes", "grouped_per_tensor", "parallel_average_orthogonal_add",
+                       "rejects_integers"]
 
 
 @pytest.mark.parametrize("np", [2, 3, 4])
 def test_adasum(np):
-    result = run_ranks(WORKER, np)
-    assert_ok(result)
-    assert result.stdout.count("OK rank") == np, result.stdout
+    checks = POWER_OF_TWO_CHECKS if np & (np - 1) == 0 else ["rejects_a_non_power_of_two_world"]
+    assert_ranks_ok(run_ranks(WORKER, np), np, checks)

@@ -6,34 +6,29 @@ from pathlib import Path
 import pytest
 
 from horovodish.common.api.process_sets import disagreement
-from multirank import assert_ok, run_ranks
+from multirank import assert_ranks_ok, run_ranks
 
-WORKER = Path(__file__).parent / "workers" / "process_sets_worker.py"
+WORKERS = Path(__file__).parent / "workers"
+STATIC_CHECKS = ["membership", "collectives_on_a_set", "errors_on_a_set", "world"]
+DYNAMIC_CHECKS = ["set_from_a_communicator", *STATIC_CHECKS, "registration_disagreements",
+                  "comm_null_on_one_rank", "set_per_split_group", "added_again"]
 
 
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 def test_process_sets(mode):
-    result = run_ranks(WORKER, 3, args=[mode], timeout=120)
-    assert_ok(result)
-    for rank in range(3):
-        assert f"OK rank {rank} of 3" in result.stdout, result.stdout
+    result = run_ranks(WORKERS / "process_sets_worker.py", 3, args=[mode], timeout=120)
+    assert_ranks_ok(result, 3, STATIC_CHECKS if mode == "static" else DYNAMIC_CHECKS)
 
 
 def test_init_and_shutdown_alternate_without_running_out_of_communicators():
-    result = run_ranks(Path(__file__).parent / "workers" / "reinit_worker.py", 2,
-                       timeout=180)
-    assert_ok(result)
-    for rank in range(2):
-        assert f"OK rank {rank} of 2" in result.stdout, result.stdout
+    result = run_ranks(WORKERS / "reinit_worker.py", 2, timeout=180)
+    assert_ranks_ok(result, 2, ["init_and_shutdown_alternate"])
 
 
 def test_init_with_a_list_of_ranks_and_a_rank_left_out():
-    result = run_ranks(Path(__file__).parent / "workers" / "init_subset_worker.py", 3,
-                       timeout=60)
-    assert_ok(result)
-    for rank in range(3):
-        assert f"OK rank {rank}" in result.stdout, result.stdout
-    assert "not in the list" in result.stdout
+    """The rank left out checks the ValueError's message (worker_support.expect_error)."""
+    result = run_ranks(WORKERS / "init_subset_worker.py", 3, timeout=60)
+    assert_ranks_ok(result, 3, ["init_with_ranks_0_and_1"])
 
 
 ADD, REMOVE = "add_process_set", "remove_process_set"

@@ -33,3 +33,14 @@ def test_a_check_that_never_reported_is_missing():
     result = run_ranks(WORKER, 2, args=["pass"], timeout=60)
     with pytest.raises(AssertionError, match="never_ran on rank 0: missing"):
         assert_ranks_ok(result, 2, checks=["agrees", "never_ran"])
+
+
+def test_close_takes_a_separate_absolute_tolerance_as_numpy_does():
+    import worker_support
+    try:
+        assert worker_support.close([1.0], [1.0 + 1e-6], "relative", tol=1e-5, atol=0.0)
+        assert not worker_support.close([0.0], [1e-7], "absolute", tol=1e-5, atol=1e-8)
+        assert worker_support.close([0.0], [1e-9], "absolute", tol=1e-5, atol=1e-8)
+        assert not worker_support.close([0.0], [1e-9], "exact")
+    finally:
+        worker_support._failures.clear()

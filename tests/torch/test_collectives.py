@@ -5,16 +5,17 @@ from pathlib import Path
 
 import pytest
 
-from multirank import assert_ok, run_ranks
+from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "collectives_worker.py"
+CHECKS = ["topology", "allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+          "runtime_owned_results", "out_of_order_and_burst", "join_and_barrier", "errors",
+          "sparse"]
 
 
-def _run(np: int, env: dict[str, str] | None = None) -> None:
+def _run(np: int, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> None:
     result = run_ranks(WORKER, np, env=env, timeout=240)
-    assert_ok(result)
-    for rank in range(np):
-        assert f"OK rank {rank} of {np}" in result.stdout, result.stdout
+    assert_ranks_ok(result, np, [*CHECKS, *extra])
 
 
 @pytest.mark.parametrize("np", [1, 2, 3])
@@ -25,7 +26,8 @@ def test_every_op_dtype_and_shape(np):
 @pytest.mark.parametrize("np", [2, 3])
 def test_ring_backend_without_fusion_or_cache(np):
     _run(np, {"HOROVODISH_CPU_OPERATIONS": "ring", "HOROVODISH_FUSION_THRESHOLD": "0",
-              "HOROVODISH_CACHE_CAPACITY": "0", "HOROVODISH_DYNAMIC_PROCESS_SETS": "1"})
+              "HOROVODISH_CACHE_CAPACITY": "0", "HOROVODISH_DYNAMIC_PROCESS_SETS": "1"},
+         extra=("process_sets",))
 
 
 @pytest.mark.parametrize("np", [2, 3])
@@ -44,11 +46,11 @@ def test_mpi_backend_with_small_fusion_buffer_and_tiny_cache():
 
 
 def test_host_staged_path_that_cuda_tensors_take():
-    _run(2, {"STAGE_THROUGH_HOST": "1"})
+    _run(2, {"STAGE_THROUGH_HOST": "1"}, extra=("staged_through_host",))
 
 
 def test_shutdown_with_work_in_flight_fails_pending_handles():
-    _run(2, {"SHUTDOWN_IN_FLIGHT": "1"})
+    _run(2, {"SHUTDOWN_IN_FLIGHT": "1"}, extra=("shutdown_with_work_in_flight",))
 
 
 def test_use_before_init_says_to_call_init():

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-from horovodish.common import api
-from horovodish.common.api import collectives
-from horovodish.common.autotune import Autotuner, Params
-from horovodish.common.messages import ReduceOp
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check, run_checks  # noqa: E402
+
+from horovodish.common import api  # noqa: E402
+from horovodish.common.api import collectives  # noqa: E402
+from horovodish.common.autotune import Autotuner, Params  # noqa: E402
+from horovodish.common.messages import ReduceOp  # noqa: E402
 
 COUNT, ELEMENTS = 512, 256  # 512 x 1 KiB: per-op overhead dominates, as with many small layers
 
@@ -36,38 +40,42 @@ def throughput(tensors: list[np.ndarray], steps: int = 40) -> float:
     return moved / (time.perf_counter() - start)
 
 
-def main(log_path: str) -> None:
-    api.init()
-    state = api.state()
+def tuning_finishes(rank: int, size: int, tensors: list[np.ndarray], rates: dict) -> None:
     # The test's own agreement uses COMM_WORLD: the runtime's communicator belongs to its
     # thread, and a second thread's collective on it would interleave with negotiation.
     world = MPI.COMM_WORLD
-    runtime, rank = state.runtime, state.rank
-    runtime.fusion_threshold, runtime.cycle_time = 0, 0.050
-    if rank == 0:
-        runtime.autotuner = Autotuner(Params(0, 50.0), tune_fusion=True, tune_cycle=True,
-                                      log_path=log_path)
-    tensors = [np.zeros(ELEMENTS, dtype=np.float32) for _ in range(COUNT)]
-    before = throughput(tensors)
+    runtime = api.state().runtime
+    rates["before"] = throughput(tensors)
     deadline = time.monotonic() + 60
     while True:
         step(tensors)
         tuned = runtime.autotuner is None or runtime.autotuner.done
-        if world.allreduce(int(tuned)) == state.size or world.allreduce(
+        if world.allreduce(int(tuned)) == size or world.allreduce(
                 int(time.monotonic() > deadline)):
             break
     for _ in range(20):
         step(tensors)  # let the final choice reach every rank
-    after = throughput(tensors)
+    check(runtime.autotuner is None or runtime.autotuner.done, "autotune did not finish")
+
+
+def throughput_at_least_doubles(rank: int, size: int, tensors: list[np.ndarray],
+                                rates: dict) -> None:
+    runtime = api.state().runtime
+    before, after = rates["before"], throughput(tensors)
     sys.stdout.write(f"rank {rank}: before {before / 1e6:.1f} MB/s, after {after / 1e6:.1f} MB/s, "
                      f"fusion {runtime.fusion_threshold}, cycle {runtime.cycle_time * 1e3:g} ms\n")
-    assert runtime.autotuner is None or runtime.autotuner.done, "autotune did not finish"
-    ratio = world.allreduce(after / before) / state.size
+    ratio = MPI.COMM_WORLD.allreduce(after / before) / size
     if rank == 0:
         sys.stdout.write(f"speedup {ratio:.2f}x\n")
-        assert ratio >= 2.0, f"autotune gained only {ratio:.2f}x"
-    sys.stdout.write(f"OK rank {rank}\n")
+        check(ratio >= 2.0, f"autotune gained only {ratio:.2f}x")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    api.init()
+    runtime = api.state().runtime
+    runtime.fusion_threshold, runtime.cycle_time = 0, 0.050
+    if api.rank() == 0:
+        runtime.autotuner = Autotuner(Params(0, 50.0), tune_fusion=True, tune_cycle=True,
+                                      log_path=sys.argv[1])
+    run_checks([tuning_finishes, throughput_at_least_doubles], api.rank(), api.size(),
+               [np.zeros(ELEMENTS, dtype=np.float32) for _ in range(COUNT)], {})

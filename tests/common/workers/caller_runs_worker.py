@@ -17,7 +17,8 @@ Modes:
           within about the cycle time.
   thread_failure  (one rank) a cycle failing on the runtime thread stops the runtime
           before any caller can start another.
-Every rank checks every result against numpy and prints "rank R ok".
+Each mode is one check (tests/worker_support.py) of that name, run on every rank, which
+checks every result against numpy.
 """
 from __future__ import annotations
 
@@ -26,13 +27,17 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
-from horovodish.common import api
-from horovodish.common.api import collectives
-from horovodish.common.messages import ReduceOp
-from horovodish.common.api.process_sets import global_process_set
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check, expect_error, run_checks  # noqa: E402
+
+from horovodish.common import api  # noqa: E402
+from horovodish.common.api import collectives  # noqa: E402
+from horovodish.common.api.process_sets import global_process_set  # noqa: E402
+from horovodish.common.messages import ReduceOp  # noqa: E402
 
 
 def submit(name: str, rank: int, count: int = 1000):
@@ -42,12 +47,6 @@ def submit(name: str, rank: int, count: int = 1000):
 
 def expected(size: int, count: int = 1000) -> np.ndarray:
     return np.arange(count, dtype=np.float64) * sum(r + 1 for r in range(size))
-
-
-def check(cond: bool, what: str) -> None:
-    if not cond:
-        sys.stdout.write(f"FAILED rank {api.rank()}: {what}\n")
-        sys.exit(1)
 
 
 def late(rank: int, size: int) -> None:
@@ -465,28 +464,17 @@ def thread_failure(rank: int, size: int) -> None:
     first = submit("nobody_waits", rank)  # the runtime thread runs it, and fails
     time.sleep(0.1)
     check(runtime.stopped, "the runtime was not stopped when its thread's cycle failed")
-    try:
-        submit("next", rank).wait()
-        check(False, "a collective ran after the failure")
-    except HorovodInternalError as exc:
-        check("injected failure" in str(exc), f"unclear error: {exc}")
-    try:
-        first.wait(timeout=5)
-        check(False, "the failed cycle's tensor did not fail")
-    except HorovodInternalError as exc:
-        check("injected failure" in str(exc), f"unclear error: {exc}")
+    expect_error(lambda: submit("next", rank).wait(), HorovodInternalError,
+                 "injected failure", what="a collective after the failure")
+    expect_error(lambda: first.wait(timeout=5), HorovodInternalError, "injected failure",
+                 what="the failed cycle's tensor")
     time.sleep(0.4)
 
 
-def main(mode: str) -> None:
-    api.init()
-    rank, size = api.rank(), api.size()
-    {"late": late, "sigint": sigint, "storm": storm, "idle": idle, "quiet": quiet,
-     "app_storm": app_storm, "shared_storm": shared_storm,
-     "thread_failure": thread_failure}[mode](rank, size)
-    api.shutdown()
-    sys.stdout.write(f"rank {rank} ok\n")
-
+MODES = {check.__name__: check for check in [late, sigint, storm, idle, quiet, app_storm,
+                                             shared_storm, thread_failure]}
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    api.init()
+    run_checks([MODES[sys.argv[1]]], api.rank(), api.size())
+    api.shutdown()

@@ -2,38 +2,55 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 
-from horovodish.common import api
-from horovodish.common.api import collectives
-from horovodish.common.messages import ReduceOp
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check, close, expect_error, run_checks  # noqa: E402
+
+from horovodish.common import api  # noqa: E402
+from horovodish.common.api import collectives  # noqa: E402
+from horovodish.common.messages import ReduceOp  # noqa: E402
 
 
-def main() -> None:
-    api.init()
-    rank, size = api.rank(), api.size()
-    value = np.full((500, 100), float(rank + 1), np.float32)
-    want = float(sum(r + 1 for r in range(size)))
+def value(rank: int) -> np.ndarray:
+    return np.full((500, 100), float(rank + 1), np.float32)
+
+
+def total(size: int) -> float:
+    return float(sum(r + 1 for r in range(size)))
+
+
+def mismatched_outputs_raise_at_submit(rank: int, size: int) -> None:
     for bad, what in [(np.empty((100, 500), np.float32), "shape (100, 500)"),
                       (np.empty((500, 100), np.float64), "dtype float64")]:
-        try:
-            collectives.allreduce_async(value, bad, "mismatch", ReduceOp.SUM)
-            raise AssertionError("a mismatched output must raise at submit")
-        except ValueError as exc:
-            assert "'mismatch'" in str(exc) and what in str(exc), exc
-    # A strided output, alone and fused with a runtime-owned result.
+        expect_error(lambda: collectives.allreduce_async(value(rank), bad, "mismatch",
+                                                         ReduceOp.SUM),
+                     ValueError, "'mismatch'", what, what=f"an output of {what}")
+
+
+def strided_output_alone(rank: int, size: int) -> None:
     alone = np.zeros((100, 500), np.float32).T
-    got = collectives.allreduce_async(value, alone, "strided.alone", ReduceOp.SUM).wait()
-    assert got is alone and np.all(alone == want), alone[:2, :2]
+    got = collectives.allreduce_async(value(rank), alone, "strided.alone", ReduceOp.SUM).wait()
+    check(got is alone, "the given output is returned")
+    close(alone, np.full((500, 100), total(size), np.float32), "strided output")
+
+
+def strided_output_fused_with_a_runtime_owned_one(rank: int, size: int) -> None:
     strided = np.zeros((100, 500), np.float32).T
+    mine = value(rank)
     handles = collectives.grouped_allreduce_async(
-        [value.copy(), value], [None, strided], ["fused.owned", "fused.strided"], ReduceOp.SUM)
+        [mine.copy(), mine], [None, strided], ["fused.owned", "fused.strided"], ReduceOp.SUM)
     owned, given = (h.wait() for h in handles)
-    assert np.all(owned == want) and given is strided and np.all(strided == want), strided[:2]
-    sys.stdout.write(f"OK rank {rank} of {size}\n")
-    api.shutdown()
+    want = np.full((500, 100), total(size), np.float32)
+    close(owned, want, "runtime-owned result")
+    check(given is strided, "the given output is returned")
+    close(strided, want, "strided output")
 
 
 if __name__ == "__main__":
-    main()
+    api.init()
+    run_checks([mismatched_outputs_raise_at_submit, strided_output_alone,
+                strided_output_fused_with_a_runtime_owned_one], api.rank(), api.size())
+    api.shutdown()

@@ -3,31 +3,33 @@ rank left out gets a ValueError saying so (it got a raw MPI error on MPI_COMM_NU
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-from horovodish.common import api
-from horovodish.common.api import collectives
-from horovodish.common.messages import ReduceOp
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check, close, expect_error, run_checks  # noqa: E402
+
+from horovodish.common import api  # noqa: E402
+from horovodish.common.api import collectives  # noqa: E402
+from horovodish.common.messages import ReduceOp  # noqa: E402
 
 
-def main() -> None:
-    world_rank = MPI.COMM_WORLD.Get_rank()
-    try:
-        api.init(comm=[0, 1])
-    except ValueError as exc:
-        assert world_rank == 2 and "not in the list" in str(exc) and "[0, 1]" in str(exc), exc
-        assert not api.is_initialized()
-        sys.stdout.write(f"OK rank {world_rank}: {exc}\n")
+def init_with_ranks_0_and_1(rank: int, size: int) -> None:
+    """rank and size are the world's."""
+    if rank == 2:
+        expect_error(lambda: api.init(comm=[0, 1]), ValueError, "not in the list", "[0, 1]",
+                     what="init() on a rank left out")
+        check(not api.is_initialized(), "initialized although left out")
         return
-    assert world_rank in (0, 1) and api.size() == 2 and api.rank() == world_rank
-    got = collectives.allreduce_async(np.full(3, world_rank + 1.0), None, "subset",
+    api.init(comm=[0, 1])
+    check(api.size() == 2 and api.rank() == rank, f"rank {api.rank()} of {api.size()}")
+    got = collectives.allreduce_async(np.full(3, rank + 1.0), None, "subset",
                                       ReduceOp.SUM).wait()
-    assert np.array_equal(got, np.full(3, 3.0)), got
+    close(got, np.full(3, 3.0), "allreduce in the world of two")
     api.shutdown()
-    sys.stdout.write(f"OK rank {world_rank}\n")
 
 
 if __name__ == "__main__":
-    main()
+    run_checks([init_with_ranks_0_and_1], MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())

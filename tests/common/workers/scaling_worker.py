@@ -10,13 +10,17 @@ runtime-owned result and reducescatter, on 2 ranks.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
-from horovodish.common import api
-from horovodish.common.api import collectives
-from horovodish.common.messages import ReduceOp
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check, run_checks  # noqa: E402
+
+from horovodish.common import api  # noqa: E402
+from horovodish.common.api import collectives  # noqa: E402
+from horovodish.common.messages import ReduceOp  # noqa: E402
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int32, np.int64,
           np.int8, np.uint8]
@@ -55,53 +59,64 @@ def expected(size: int, count: int, dtype, seed: int, pre: float, post: float
     return horovod_scale(total, post)
 
 
-def check(got: np.ndarray, want: np.ndarray, what: str) -> None:
+def bitwise(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """got is want bit for bit; a failure names the first element that differs."""
+    if not check(got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"):
+        return
     same = got.astype(np.float64) == want.astype(np.float64)
     if not same.all():
         index = int(np.argmin(same))
-        raise AssertionError(f"{what}: element {index} is {got.reshape(-1)[index]!r}, "
-                             f"Horovod's arithmetic gives {want.reshape(-1)[index]!r} "
-                             f"({int((~same).sum())} of {same.size} differ)")
+        check(False, f"{what}: element {index} is {got.reshape(-1)[index]!r}, "
+                     f"Horovod's arithmetic gives {want.reshape(-1)[index]!r} "
+                     f"({int((~same).sum())} of {same.size} differ)")
+    else:
+        check(True, what)
 
 
-def main() -> None:
-    api.init()
-    rank, size = api.rank(), api.size()
-    checks = 0
+def cases():
+    """(dtype, seed, pre, post, tag) for every dtype and factor, as pre, post and both."""
     for d, dtype in enumerate(DTYPES):
         for f, factor in enumerate(FACTORS):
             for pre, post in [(factor, 1.0), (1.0, factor), (factor, 1.0 / factor)]:
                 seed = (d * 10 + f) * 10 + int(pre == 1.0)
-                tag = f"{np.dtype(dtype).name} pre={pre} post={post}"
-                # One tensor, reduced in its output.
-                value = contribution(rank, 289, dtype, seed)
-                out = np.empty_like(value)
-                collectives.allreduce_async(value, out, f"one.{tag}", ReduceOp.SUM, pre,
-                                            post).wait()
-                check(out, expected(size, 289, dtype, seed, pre, post), f"single {tag}")
-                # A fused group large enough for the shared-memory path, one output
-                # given and one owned by the runtime.
-                counts = [40000, 30000]
-                values = [contribution(rank, c, dtype, seed + 1 + i)
-                          for i, c in enumerate(counts)]
-                outputs = [np.empty_like(values[0]), None]
-                handles = collectives.grouped_allreduce_async(
-                    values, outputs, [f"group.{tag}.{i}" for i in range(2)], ReduceOp.SUM,
-                    pre, post)
-                for i, handle in enumerate(handles):
-                    check(handle.wait(), expected(size, counts[i], dtype, seed + 1 + i, pre,
-                                                  post), f"group {tag} tensor {i}")
-                # Reducescatter: this rank's rows of the sum.
-                rows = contribution(rank, 8 * size, dtype, seed + 5).reshape(2 * size, 4)
-                mine = np.empty((2, 4), rows.dtype)
-                collectives.grouped_reducescatter_async([rows], [mine], [f"rs.{tag}"],
-                                                        ReduceOp.SUM, pre, post)[0].wait()
-                full = expected(size, 8 * size, dtype, seed + 5, pre, post).reshape(-1, 4)
-                check(mine, full[2 * rank:2 * rank + 2], f"reducescatter {tag}")
-                checks += 3
-    sys.stdout.write(f"OK rank {rank} of {size}: {checks} checks\n")
-    api.shutdown()
+                yield dtype, seed, pre, post, f"{np.dtype(dtype).name} pre={pre} post={post}"
+
+
+def single_tensor(rank: int, size: int) -> None:
+    """One tensor, reduced in its output."""
+    for dtype, seed, pre, post, tag in cases():
+        value = contribution(rank, 289, dtype, seed)
+        out = np.empty_like(value)
+        collectives.allreduce_async(value, out, f"one.{tag}", ReduceOp.SUM, pre, post).wait()
+        bitwise(out, expected(size, 289, dtype, seed, pre, post), f"single {tag}")
+
+
+def fused_group(rank: int, size: int) -> None:
+    """A fused group large enough for the shared-memory path, one output given and one
+    owned by the runtime."""
+    counts = [40000, 30000]
+    for dtype, seed, pre, post, tag in cases():
+        values = [contribution(rank, c, dtype, seed + 1 + i) for i, c in enumerate(counts)]
+        outputs = [np.empty_like(values[0]), None]
+        handles = collectives.grouped_allreduce_async(
+            values, outputs, [f"group.{tag}.{i}" for i in range(2)], ReduceOp.SUM, pre, post)
+        for i, handle in enumerate(handles):
+            bitwise(handle.wait(), expected(size, counts[i], dtype, seed + 1 + i, pre, post),
+                    f"group {tag} tensor {i}")
+
+
+def reducescatter(rank: int, size: int) -> None:
+    """This rank's rows of the sum."""
+    for dtype, seed, pre, post, tag in cases():
+        rows = contribution(rank, 8 * size, dtype, seed + 5).reshape(2 * size, 4)
+        mine = np.empty((2, 4), rows.dtype)
+        collectives.grouped_reducescatter_async([rows], [mine], [f"rs.{tag}"], ReduceOp.SUM,
+                                                pre, post)[0].wait()
+        full = expected(size, 8 * size, dtype, seed + 5, pre, post).reshape(-1, 4)
+        bitwise(mine, full[2 * rank:2 * rank + 2], f"reducescatter {tag}")
 
 
 if __name__ == "__main__":
-    main()
+    api.init()
+    run_checks([single_tensor, fused_group, reducescatter], api.rank(), api.size())
+    api.shutdown()

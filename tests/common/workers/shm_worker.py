@@ -3,13 +3,17 @@ tensors straddle pieces, fill several, and alternate between the two halves."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
-from horovodish.common.execution.backends.shm import SharedMemoryBackend, _plan
-from horovodish.common.messages import ReduceOp
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check, close, expect_error, run_checks  # noqa: E402
+
+from horovodish.common.execution.backends.shm import SharedMemoryBackend, _plan  # noqa: E402
+from horovodish.common.messages import ReduceOp  # noqa: E402
 
 PIECE_BYTES = 4096
 DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int32, np.int64,
@@ -53,14 +57,14 @@ def reference(size: int, counts: list[int], dtype, op: ReduceOp, seed: int,
     return total * postscale
 
 
-def main() -> None:
-    comm = MPI.COMM_WORLD.Dup()
-    rank, size = comm.Get_rank(), comm.Get_size()
-    # As a process set's would be: messages name rank r as world rank r + 10.
-    backend = SharedMemoryBackend(comm, "shm", piece_bytes=PIECE_BYTES,
-                                  world_ranks=[r + 10 for r in range(size)])
-    assert backend.available, "the shared-memory window must open on one host"
-    checked = 0
+F32 = np.dtype(np.float32)
+
+
+def window_opens(rank: int, size: int, backend: SharedMemoryBackend) -> None:
+    check(backend.available, "the shared-memory window must open on one host")
+
+
+def every_dtype_op_and_layout(rank: int, size: int, backend: SharedMemoryBackend) -> None:
     for seed, (dtype, op, counts) in enumerate(
             (d, o, c) for d in DTYPES for o in OPS for c in LAYOUTS):
         dtype = np.dtype(dtype)
@@ -86,48 +90,62 @@ def main() -> None:
                                    floor_by)
             got = np.concatenate([o.astype(np.float64) for o in outputs]) if outputs \
                 else np.zeros(0)
-        assert np.array_equal(got, expected.astype(np.float64)), (
-            f"rank {rank}: {dtype} {op.name} counts {counts} joined {joined} "
-            f"pre {prescale} post {postscale} floor {floor_by}:\n{got}\n{expected}")
-        checked += 1
-    # Back-to-back calls where rank 0 copies results out fast (contiguous outputs) and
-    # the others slowly (strided ones): rank 0 must not overwrite shared data that a
-    # slower rank is still reading.
+        close(got, expected.astype(np.float64),
+              f"{dtype} {op.name} counts {counts} joined {joined} pre {prescale} "
+              f"post {postscale} floor {floor_by}")
+
+
+def fast_and_slow_readers_back_to_back(rank: int, size: int,
+                                       backend: SharedMemoryBackend) -> None:
+    """Rank 0 copies results out fast (contiguous outputs) and the others slowly (strided
+    ones): rank 0 must not overwrite shared data that a slower rank is still reading."""
     for step in range(300):
         counts = [700, 1500, 300] if step % 2 else [2500]
         inputs = [np.full(c, rank * 1000 + step + i, np.float32) for i, c in enumerate(counts)]
         outputs = [np.empty(c, np.float32) if rank == 0 else np.empty((c, 3), np.float32)[:, 1]
                    for c in counts]
-        backend.allreduce_into(inputs, counts, outputs, np.dtype(np.float32), ReduceOp.SUM)
-        for i, output in enumerate(outputs):
-            expected = sum(r * 1000 + step + i for r in range(size))
-            assert np.all(output == expected), (rank, step, i, output, expected)
-    # A copy that fails on one rank: the ranks stay in step (no hang), a failed pack makes
-    # every rank raise (their sums would be wrong), a failed copy-out only that rank.
-    f32 = np.dtype(np.float32)
+        backend.allreduce_into(inputs, counts, outputs, F32, ReduceOp.SUM)
+        for i, (c, output) in enumerate(zip(counts, outputs)):
+            close(output, np.full(c, sum(r * 1000 + step + i for r in range(size)), np.float32),
+                  f"step {step} tensor {i}")
+
+
+def failed_pack_fails_every_rank(rank: int, size: int, backend: SharedMemoryBackend) -> None:
+    """A copy that fails on one rank: the ranks stay in step (no hang), and every rank
+    raises (their sums would be wrong)."""
     counts = [1500, 3000]
     good = [np.ones(c, np.float32) for c in counts]
     bad_input = [np.ones(1500, np.float32), np.ones(10, np.float32)]  # too short to pack
-    try:
-        backend.allreduce_into(bad_input if rank == 1 else good, counts,
-                               [np.empty(c, np.float32) for c in counts], f32, ReduceOp.SUM)
-        raise AssertionError(f"rank {rank}: a rank's failed pack must fail every rank")
-    except (ValueError, RuntimeError) as exc:
-        assert rank == 1 or "rank 11 could not copy its input" in str(exc), exc
+    expect_error(lambda: backend.allreduce_into(bad_input if rank == 1 else good, counts,
+                                                [np.empty(c, np.float32) for c in counts],
+                                                F32, ReduceOp.SUM),
+                 (ValueError, RuntimeError),
+                 *([] if rank == 1 else ["rank 11 could not copy its input"]),
+                 what="rank 1's input too short to pack")
+
+
+def failed_copy_out_fails_its_rank_only(rank: int, size: int,
+                                        backend: SharedMemoryBackend) -> None:
+    counts = [1500, 3000]
+    good = [np.ones(c, np.float32) for c in counts]
     outputs = [np.empty(c, np.float32) for c in counts]
     if rank == 1:
         outputs[1] = np.empty(7, np.float32)  # too short to receive
-    try:
-        backend.allreduce_into(good, counts, outputs, f32, ReduceOp.SUM)
-        assert rank != 1, "a failed copy-out must raise on its rank"
-        assert all(np.all(o == size) for o in outputs), outputs
-    except ValueError:
-        assert rank == 1
+        expect_error(lambda: backend.allreduce_into(good, counts, outputs, F32, ReduceOp.SUM),
+                     ValueError, what="a copy-out into an output too short")
+    else:
+        backend.allreduce_into(good, counts, outputs, F32, ReduceOp.SUM)
+        for i, output in enumerate(outputs):
+            close(output, np.full(counts[i], size, np.float32), f"tensor {i}")
     outputs = [np.empty(c, np.float32) for c in counts]  # and the next call works
-    backend.allreduce_into(good, counts, outputs, f32, ReduceOp.SUM)
-    assert all(np.all(o == size) for o in outputs), outputs
-    # In place (each output is its input), many tensors a piece: one datatype of the
-    # tensors' addresses packs and copies out; a strided tensor falls back to the loops.
+    backend.allreduce_into(good, counts, outputs, F32, ReduceOp.SUM)
+    for i, output in enumerate(outputs):
+        close(output, np.full(counts[i], size, np.float32), f"the next call, tensor {i}")
+
+
+def in_place_many_tensors_a_piece(rank: int, size: int, backend: SharedMemoryBackend) -> None:
+    """Each output is its input: one datatype of the tensors' addresses packs and copies
+    out; a strided tensor falls back to the loops."""
     for strided in (False, True):
         counts = [(37 * i) % 113 for i in range(90)]  # some empty, several pieces
         seed = 500 + strided
@@ -135,46 +153,61 @@ def main() -> None:
                    for i, c in enumerate(counts)]
         if strided:
             tensors[5] = np.repeat(tensors[5], 2)[::2]
-        backend.allreduce_into(tensors, counts, tensors, f32, ReduceOp.SUM, in_place=True)
+        backend.allreduce_into(tensors, counts, tensors, F32, ReduceOp.SUM, in_place=True)
         for i, (tensor, c) in enumerate(zip(tensors, counts)):
             expected = sum(contribution(r, c, np.float32, ReduceOp.SUM, seed + i)
                            for r in range(size))
-            assert np.array_equal(tensor, expected), (rank, strided, i)
-    # Describing the tensors fails on rank 1 only: a failed pack like any other (every
-    # rank raises, no rank skips a barrier), and the next call works.
+            close(tensor, expected, f"strided {strided}, tensor {i}")
+
+
+def failed_describe_fails_every_rank(rank: int, size: int,
+                                     backend: SharedMemoryBackend) -> None:
+    """Describing the tensors fails on rank 1 only: a failed pack like any other (every
+    rank raises, no rank skips a barrier), and the next call works."""
     counts = [40] * 40
     tensors = [np.ones(c, np.float32) for c in counts]
     if rank == 1:
         backend._copier.describe = lambda *args, **kwargs: (_ for _ in ()).throw(
             MemoryError("no datatype"))
-    try:
-        backend.allreduce_into(tensors, counts, tensors, f32, ReduceOp.SUM, in_place=True)
-        raise AssertionError(f"rank {rank}: a failed describe must fail every rank")
-    except (MemoryError, RuntimeError) as exc:
-        assert rank == 1 or "rank 11 could not copy its input" in str(exc), exc
+    expect_error(lambda: backend.allreduce_into(tensors, counts, tensors, F32, ReduceOp.SUM,
+                                                in_place=True),
+                 (MemoryError, RuntimeError),
+                 *([] if rank == 1 else ["rank 11 could not copy its input"]),
+                 what="a describe failing on rank 1")
     if rank == 1:
         del backend._copier.describe  # the class's method again
     tensors = [np.ones(c, np.float32) for c in counts]
-    backend.allreduce_into(tensors, counts, tensors, f32, ReduceOp.SUM, in_place=True)
-    assert all(np.all(t == size) for t in tensors), tensors
-    # In place through the Backend interface, across several pieces.
-    buf = contribution(rank, 5000, np.float32, ReduceOp.SUM, 99)
-    backend.allreduce(buf, ReduceOp.SUM)
-    assert np.array_equal(buf, sum(contribution(r, 5000, np.float32, ReduceOp.SUM, 99)
-                                   for r in range(size)))
-    # Pieces: whole tensors packed up to the piece size, larger ones split, all covered.
-    assert _plan([3, 2, 6, 1], 4) == [(0, 1, -1, -1, 0), (1, 2, -1, -1, 3),
-                                      (2, 3, 0, 4, 5), (2, 3, 4, 6, 9), (3, 4, -1, -1, 11)]
-    assert _plan([2, 2, 2], 4) == [(0, 2, -1, -1, 0), (2, 3, -1, -1, 4)]
-    backend.close()
-    sys.stdout.write(f"OK rank {rank} of {size}: {checked} cases\n")
+    backend.allreduce_into(tensors, counts, tensors, F32, ReduceOp.SUM, in_place=True)
+    for i, tensor in enumerate(tensors):
+        close(tensor, np.full(40, size, np.float32), f"the next call, tensor {i}")
 
+
+def in_place_through_the_backend_interface(rank: int, size: int,
+                                           backend: SharedMemoryBackend) -> None:
+    buf = contribution(rank, 5000, np.float32, ReduceOp.SUM, 99)  # several pieces
+    backend.allreduce(buf, ReduceOp.SUM)
+    close(buf, sum(contribution(r, 5000, np.float32, ReduceOp.SUM, 99) for r in range(size)),
+          "5000 values in place")
+
+
+def pieces(rank: int, size: int, backend: SharedMemoryBackend) -> None:
+    """Whole tensors packed up to the piece size, larger ones split, all covered."""
+    check(_plan([3, 2, 6, 1], 4) == [(0, 1, -1, -1, 0), (1, 2, -1, -1, 3), (2, 3, 0, 4, 5),
+                                     (2, 3, 4, 6, 9), (3, 4, -1, -1, 11)],
+          f"_plan([3, 2, 6, 1], 4) = {_plan([3, 2, 6, 1], 4)}")
+    check(_plan([2, 2, 2], 4) == [(0, 2, -1, -1, 0), (2, 3, -1, -1, 4)],
+          f"_plan([2, 2, 2], 4) = {_plan([2, 2, 2], 4)}")
+
+
+CHECKS = [window_opens, every_dtype_op_and_layout, fast_and_slow_readers_back_to_back,
+          failed_pack_fails_every_rank, failed_copy_out_fails_its_rank_only,
+          in_place_many_tensors_a_piece, failed_describe_fails_every_rank,
+          in_place_through_the_backend_interface, pieces]
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:  # the other ranks would wait in a barrier: end the job now
-        import traceback
-        traceback.print_exc()
-        sys.stdout.flush()
-        MPI.COMM_WORLD.Abort(1)
+    comm = MPI.COMM_WORLD.Dup()
+    # As a process set's would be: messages name rank r as world rank r + 10.
+    shm = SharedMemoryBackend(comm, "shm", piece_bytes=PIECE_BYTES,
+                              world_ranks=[r + 10 for r in range(comm.Get_size())])
+    run_checks(CHECKS, comm.Get_rank(), comm.Get_size(), shm)
+    shm.close()

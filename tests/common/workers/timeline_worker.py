@@ -4,12 +4,17 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+from mpi4py import MPI
 
-from horovodish.common import api
-from horovodish.common.api import collectives
-from horovodish.common.messages import ReduceOp
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check, expect_error, run_checks  # noqa: E402
+
+from horovodish.common import api  # noqa: E402
+from horovodish.common.api import collectives  # noqa: E402
+from horovodish.common.messages import ReduceOp  # noqa: E402
 
 
 def step(tag: str) -> None:
@@ -31,50 +36,64 @@ def rows(path: str) -> dict[str, set[str]]:
     return phases
 
 
-def main(mode: str, path: str) -> None:
-    if mode == "unwritable":  # every rank gets rank 0's error from init(), none hangs
-        from mpi4py import MPI
-        try:
-            api.init()
-        except ValueError as exc:
-            assert "cannot write the timeline file" in str(exc) and path in str(exc), exc
-            sys.stdout.write(f"OK rank {MPI.COMM_WORLD.Get_rank()}\n")
-            return
-        raise AssertionError("init() with an unwritable timeline path did not raise")
-    api.init()
-    rank = api.rank()
-    if mode == "env":
-        for _ in range(3):
-            step("env")
-        time.sleep(0.4)  # past the flush interval
-        step("env2")
-        if rank == 0:
-            phases = rows(path)  # mid-run
-            for i in range(3):
-                assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER",
-                        "MPI_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"} <= phases[f"env.grad{i}"], phases
-            assert {"NEGOTIATE_ALLGATHER", "ALLGATHER", "MPI_ALLGATHER"} <= phases["env.gather"]
-            assert any(e["ph"] == "i" and e["name"] == "1" for e in json.load(open(path))), \
-                "no readiness mark for rank 1"
-    elif mode == "dynamic":
-        step("before")
-        api.start_timeline(path)
-        step("during")
-        api.stop_timeline()
-        step("after")
-        if rank == 0:
-            phases = rows(path)
-            assert "during.grad0" in phases and "before.grad0" not in phases \
-                and "after.grad0" not in phases, sorted(phases)
-        else:
-            assert api.state().runtime.timeline is None, "only rank 0 records"
-    elif mode == "off":
-        step("off")
-    api.shutdown()
-    if rank == 0 and mode == "env":
-        assert "env2.grad0" in rows(path)  # still valid after shutdown
-    sys.stdout.write(f"OK rank {rank}\n")
+def init_fails_on_every_rank(rank: int, size: int, path: str) -> None:
+    """An unwritable path: every rank gets rank 0's error from init(), none hangs."""
+    expect_error(api.init, ValueError, "cannot write the timeline file", path,
+                 what="init() with an unwritable timeline path")
 
+
+def phases_while_running(rank: int, size: int, path: str) -> None:
+    for _ in range(3):
+        step("env")
+    time.sleep(0.4)  # past the flush interval
+    step("env2")
+    if rank != 0:
+        return
+    phases = rows(path)  # mid-run
+    for i in range(3):
+        want = {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER",
+                "MPI_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"}
+        check(want <= phases.get(f"env.grad{i}", set()),
+              f"env.grad{i}: missing {sorted(want - phases.get(f'env.grad{i}', set()))}")
+    want = {"NEGOTIATE_ALLGATHER", "ALLGATHER", "MPI_ALLGATHER"}
+    check(want <= phases.get("env.gather", set()),
+          f"env.gather: missing {sorted(want - phases.get('env.gather', set()))}")
+    check(any(e["ph"] == "i" and e["name"] == "1" for e in json.load(open(path))),
+          "no readiness mark for rank 1")
+
+
+def valid_after_shutdown(rank: int, size: int, path: str) -> None:
+    api.shutdown()
+    if rank == 0:
+        check("env2.grad0" in rows(path), "env2.grad0 missing after shutdown")
+
+
+def only_between_start_and_stop(rank: int, size: int, path: str) -> None:
+    step("before")
+    api.start_timeline(path)
+    step("during")
+    api.stop_timeline()
+    step("after")
+    if rank == 0:
+        phases = rows(path)
+        check("during.grad0" in phases and "before.grad0" not in phases
+              and "after.grad0" not in phases, f"rows: {sorted(phases)}")
+    else:
+        check(api.state().runtime.timeline is None, "only rank 0 records")
+
+
+def runs_without_a_timeline(rank: int, size: int, path: str) -> None:
+    step("off")
+
+
+CHECKS = {"unwritable": [init_fails_on_every_rank],
+          "env": [phases_while_running, valid_after_shutdown],
+          "dynamic": [only_between_start_and_stop],
+          "off": [runs_without_a_timeline]}
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    mode, path = sys.argv[1], sys.argv[2]
+    if mode != "unwritable":
+        api.init()
+    run_checks(CHECKS[mode], MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(), path)
+    api.shutdown()

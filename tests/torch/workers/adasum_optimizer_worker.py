@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-import horovodish.torch as hvd
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check, close, expect_error, run_checks  # noqa: E402
+
+import horovodish.torch as hvd  # noqa: E402
 
 
 def adasum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -24,25 +29,16 @@ def loss_of(model: torch.nn.Module, rank: int) -> torch.Tensor:
     return (model(x) - y).pow(2).mean()
 
 
-def main() -> None:
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    torch.manual_seed(0)
-    model = torch.nn.Linear(5, 3)
-    reference = torch.nn.Linear(5, 3)
-    reference.load_state_dict(model.state_dict())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    if size & (size - 1):
-        try:
-            hvd.DistributedOptimizer(optimizer, model.named_parameters(), op=hvd.Adasum)
-        except ValueError as exc:
-            assert "power-of-two" in str(exc)
-            sys.stdout.write(f"OK rank {rank}\n")
-            return
-        raise AssertionError("Adasum optimizer on a non-power-of-two world must raise")
-    optimizer = hvd.DistributedOptimizer(optimizer, model.named_parameters(), op=hvd.Adasum)
-    # GradScaler's documented pattern with an overflow on the last rank only: every rank
-    # skips the step and halves its scale (a rank skipping alone stalled the job).
+def rejects_a_non_power_of_two_world(rank: int, size: int, run: SimpleNamespace) -> None:
+    expect_error(lambda: hvd.DistributedOptimizer(run.sgd, run.model.named_parameters(),
+                                                  op=hvd.Adasum),
+                 ValueError, "power-of-two", what="Adasum optimizer on a non-power-of-two world")
+
+
+def overflow_on_one_rank_skips_every_rank(rank: int, size: int, run: SimpleNamespace) -> None:
+    """GradScaler's documented pattern with an overflow on the last rank only: every rank
+    skips the step and halves its scale (a rank skipping alone stalled the job)."""
+    model, optimizer = run.model, run.optimizer
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     loss = loss_of(model, rank) * (float("inf") if rank == size - 1 else 1.0)
     scaler.scale(loss).backward()
@@ -51,9 +47,13 @@ def main() -> None:
     with optimizer.skip_synchronize():
         scaler.step(optimizer)
     scaler.update()
-    assert scaler.get_scale() == 512.0, f"rank {rank}: scale {scaler.get_scale()}, not skipped"
-    for got, want in zip(model.parameters(), reference.parameters()):
-        assert torch.equal(got, want), f"rank {rank}: stepped despite another rank's overflow"
+    check(scaler.get_scale() == 512.0, f"scale {scaler.get_scale()}, not skipped")
+    for got, want in zip(model.parameters(), run.reference.parameters()):
+        check(torch.equal(got, want), "stepped despite another rank's overflow")
+
+
+def follows_the_delta_rule(rank: int, size: int, run: SimpleNamespace) -> None:
+    model, reference, optimizer = run.model, run.reference, run.optimizer
     for _ in range(5):
         optimizer.zero_grad()
         loss_of(model, rank).backward()
@@ -71,12 +71,28 @@ def main() -> None:
                     level = [adasum(level[j], level[j + 1]).view_as(param)
                              for j in range(0, len(level), 2)]
                 param += level[0].to(param.dtype)
-    for got, want in zip(model.parameters(), reference.parameters()):
-        assert torch.allclose(got, want, atol=1e-6), (got, want)
-    gathered = hvd.allgather_object([p.detach().clone() for p in model.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(gathered[0], gathered[-1])), "ranks differ"
-    sys.stdout.write(f"OK rank {rank}\n")
+    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+        close(got, want, name, 1e-5, atol=1e-6)
+
+
+def ranks_agree(rank: int, size: int, run: SimpleNamespace) -> None:
+    gathered = hvd.allgather_object([p.detach().clone() for p in run.model.parameters()])
+    check(all(torch.equal(a, b) for a, b in zip(gathered[0], gathered[-1])), "ranks differ")
 
 
 if __name__ == "__main__":
-    main()
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 3)
+    reference = torch.nn.Linear(5, 3)
+    reference.load_state_dict(model.state_dict())
+    run = SimpleNamespace(model=model, reference=reference,
+                          sgd=torch.optim.SGD(model.parameters(), lr=0.1))
+    if size & (size - 1):
+        run_checks([rejects_a_non_power_of_two_world], rank, size, run)
+    else:
+        run.optimizer = hvd.DistributedOptimizer(run.sgd, model.named_parameters(),
+                                                 op=hvd.Adasum)
+        run_checks([overflow_on_one_rank_skips_every_rank, follows_the_delta_rule,
+                    ranks_agree], rank, size, run)

@@ -4,17 +4,21 @@ Each rank's input x_r and upstream weight w_r are pure functions of (rank, name)
 rank can compute the gradient of loss = sum_r <w_r, op(x)_r> for its own input: the exact
 one, or Horovod's definition where it differs (allgather and broadcast average the
 upstream gradients over ranks; reducescatter scales them, see docs/api.md).
-Exits non-zero on the first failure.
+Each collective's gradients are a named check (tests/worker_support.py).
 """
 from __future__ import annotations
 
 import sys
 import zlib
+from pathlib import Path
 
 import torch
 
-import horovodish.torch as hvd
-from torch_staging import check, run
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check, close, run_checks  # noqa: E402
+
+import horovodish.torch as hvd  # noqa: E402
+from torch_staging import staging_checks  # noqa: E402
 
 
 def data(rank: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -23,16 +27,15 @@ def data(rank: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def same(got: torch.Tensor | None, want: torch.Tensor, what: str) -> None:
-    check(got is not None, f"{what}: no gradient")
-    check(got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}")
-    check(torch.allclose(got, want, atol=1e-12), f"{what}: {got} != {want}")
+    if check(got is not None, f"{what}: no gradient"):
+        close(got, want, what, 1e-5, atol=1e-12)
 
 
 def leaf(rank: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
     return data(rank, name, shape).requires_grad_()
 
 
-def test_allreduce(rank: int, size: int) -> None:
+def allreduce_gradients(rank: int, size: int) -> None:
     for op, pre, post in [(hvd.Sum, 1.0, 1.0), (hvd.Average, 1.0, 1.0), (hvd.Sum, 0.5, 3.0),
                           (hvd.Average, 2.0, 0.25)]:
         for name in (f"ar.{op}.{pre}", None):
@@ -56,7 +59,7 @@ def test_allreduce(rank: int, size: int) -> None:
     same(x.grad, torch.full((4,), float(size), dtype=torch.float64), "compressed allreduce")
 
 
-def test_allgather(rank: int, size: int) -> None:
+def allgather_gradients(rank: int, size: int) -> None:
     rows = [r % 3 for r in range(size)]  # uneven, with a zero-row rank
     offsets = [sum(rows[:r]) for r in range(size)]
     total = sum(rows)
@@ -70,7 +73,7 @@ def test_allgather(rank: int, size: int) -> None:
         same(x.grad, mean_w[offsets[rank]:offsets[rank] + rows[rank]], f"allgather {key}")
 
 
-def test_grouped_allgather(rank: int, size: int) -> None:
+def grouped_allgather_gradients(rank: int, size: int) -> None:
     """Each tensor of the group gets its own allgather gradient (uneven rows, a rank
     with none), through one grouped collective each way."""
     rows = [[r % 3, (r + 1) % 2 + 1] for r in range(size)]  # rows[r][i]: tensor i on r
@@ -86,8 +89,8 @@ def test_grouped_allgather(rank: int, size: int) -> None:
         same(xs[i].grad, mean_w[offset:offset + rows[rank][i]], f"grouped allgather {i}")
 
 
-def test_grouped_reducescatter(rank: int, size: int) -> None:
-    """Horovod's gradient (see test_reducescatter), per tensor of the group."""
+def grouped_reducescatter_gradients(rank: int, size: int) -> None:
+    """Horovod's gradient (see reducescatter_gradients), per tensor of the group."""
     for op, pre, post in [(hvd.Sum, 1.0, 1.0), (hvd.Average, 2.0, 0.5)]:
         key = f"grs.{op}"
         shapes = [(2 * size + 1, 2), (size, 3)]
@@ -106,7 +109,7 @@ def test_grouped_reducescatter(rank: int, size: int) -> None:
                  f"grouped reducescatter {key} {i}")
 
 
-def test_broadcast(rank: int, size: int) -> None:
+def broadcast_gradients(rank: int, size: int) -> None:
     for root in range(size):
         x = leaf(rank, f"bc{root}.x", (2, 3))
         y = hvd.broadcast(x, root, name=f"bc{root}")
@@ -116,7 +119,7 @@ def test_broadcast(rank: int, size: int) -> None:
         same(x.grad, want if rank == root else torch.zeros_like(want), f"broadcast root {root}")
 
 
-def test_alltoall(rank: int, size: int) -> None:
+def alltoall_gradients(rank: int, size: int) -> None:
     # splits[src][dst]: rows src sends to dst.
     splits = [[(src + dst) % 3 for dst in range(size)] for src in range(size)]
     received = [splits[src][rank] for src in range(size)]
@@ -140,7 +143,7 @@ def test_alltoall(rank: int, size: int) -> None:
                             for dst in range(size)]), "alltoall even")
 
 
-def test_reducescatter(rank: int, size: int) -> None:
+def reducescatter_gradients(rank: int, size: int) -> None:
     rows = 2 * size + 1  # uneven: the first rank gets an extra row
     counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
     for op, pre, post in [(hvd.Sum, 1.0, 1.0), (hvd.Average, 1.0, 1.0), (hvd.Sum, 2.0, 0.5)]:
@@ -155,7 +158,7 @@ def test_reducescatter(rank: int, size: int) -> None:
         same(x.grad, want * size if op == hvd.Sum else want, f"reducescatter {key}")
 
 
-def test_no_grad_paths(rank: int, size: int) -> None:
+def no_grad_paths(rank: int, size: int) -> None:
     """Without requires_grad (or under no_grad) nothing is recorded."""
     x = leaf(rank, "ng.x", (2,))
     with torch.no_grad():
@@ -165,15 +168,9 @@ def test_no_grad_paths(rank: int, size: int) -> None:
     check(not y.requires_grad and y.shape == (size, 2), "plain allgather")
 
 
-def main() -> None:
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    for test in [test_allreduce, test_allgather, test_grouped_allgather, test_broadcast,
-                 test_alltoall, test_reducescatter, test_grouped_reducescatter,
-                 test_no_grad_paths]:
-        test(rank, size)
-    sys.stdout.write(f"OK rank {rank} of {size}\n")
-
-
 if __name__ == "__main__":
-    run(main)
+    checks = [allreduce_gradients, allgather_gradients, grouped_allgather_gradients,
+              broadcast_gradients, alltoall_gradients, reducescatter_gradients,
+              grouped_reducescatter_gradients, no_grad_paths, *staging_checks()]
+    hvd.init()
+    run_checks(checks, hvd.rank(), hvd.size())

@@ -1,29 +1,35 @@
 """Every torch collective x dtype x shape against numpy, on every rank.
 
 Each rank's input is a pure function of (rank, name), so every rank can compute every
-other rank's input and hence the exact reference. Exits non-zero on the first failure.
+other rank's input and hence the exact reference. Each collective is a named check
+(tests/worker_support.py): a failure is reported and the next check still runs.
 """
 from __future__ import annotations
 
 import os
+import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 import torch
 
-import horovodish.torch as hvd
-from horovodish.common.api import collectives as core
-from torch_staging import check, run
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check, close, expect_error, run_checks  # noqa: E402
+
+import horovodish.torch as hvd  # noqa: E402
+from horovodish.common.api import collectives as core  # noqa: E402
+from torch_staging import staging_checks  # noqa: E402
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.bool]
 SHAPES = [(), (0,), (5,), (3, 4), (2, 0, 3), (17, 3)]
 
 
-
 def toward_zero(total: np.ndarray, size: int) -> np.ndarray:
     """Integer Average as Horovod computes it: the quotient truncated toward zero."""
     return np.sign(total) * (np.abs(total) // size)
+
 
 def data(rank: int, name: str, shape, dtype: torch.dtype) -> torch.Tensor:
     gen = torch.Generator().manual_seed(zlib.crc32(f"{name}/{rank}".encode()))
@@ -45,14 +51,7 @@ TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 2e-2, torch.float32: 1e-6, tor
 
 def same(got: torch.Tensor, want: np.ndarray, what: str) -> None:
     """Exact for integers and bool; within the dtype's rounding for floats (Average divides)."""
-    tol = TOLERANCE.get(got.dtype, 0.0)
-    got_np = ref_np(got)
-    check(tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)} != {want.shape}")
-    if got_np.dtype == np.bool_:
-        check(bool((got_np == want).all()), f"{what}: {got_np} != {want}")
-    else:
-        check(np.allclose(got_np.astype(np.float64), np.asarray(want, dtype=np.float64),
-                          rtol=tol, atol=tol), f"{what}: {got_np} != {want}")
+    close(ref_np(got), want, what, TOLERANCE.get(got.dtype, 0.0))
 
 
 def allreduce_reference(inputs, op, pre, post, dtype, size):
@@ -77,7 +76,7 @@ def allreduce_reference(inputs, op, pre, post, dtype, size):
     return result * post if dtype.is_floating_point else result
 
 
-def test_allreduce(rank: int, size: int) -> None:
+def allreduce(rank: int, size: int) -> None:
     ops = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
     for dtype in DTYPES:
         for shape in SHAPES:
@@ -129,7 +128,7 @@ def test_allreduce(rank: int, size: int) -> None:
              f"grouped {i}")
 
 
-def test_allgather(rank: int, size: int) -> None:
+def allgather(rank: int, size: int) -> None:
     for dtype in DTYPES:
         for trailing in [(), (3,), (2, 0)]:
             name = f"ag.{dtype}.{trailing}"
@@ -144,7 +143,7 @@ def test_allgather(rank: int, size: int) -> None:
     same(outs[1], np.concatenate([np.ones((2, 2)) * r for r in range(size)]), "grouped allgather 1")
 
 
-def test_broadcast(rank: int, size: int) -> None:
+def broadcast(rank: int, size: int) -> None:
     for dtype in DTYPES:
         for shape in SHAPES:
             for root in range(size):
@@ -156,7 +155,7 @@ def test_broadcast(rank: int, size: int) -> None:
                 same(mine, ref_np(inputs[root]), name + " in place")
 
 
-def test_alltoall(rank: int, size: int) -> None:
+def alltoall(rank: int, size: int) -> None:
     for dtype in [torch.float32, torch.int64, torch.bfloat16, torch.bool]:
         name = f"a2a.even.{dtype}"
         inputs = [data(r, name, (2 * size, 3), dtype) for r in range(size)]
@@ -176,7 +175,7 @@ def test_alltoall(rank: int, size: int) -> None:
           f"received splits {received.tolist()}")
 
 
-def test_reducescatter(rank: int, size: int) -> None:
+def reducescatter(rank: int, size: int) -> None:
     for dtype in [torch.float32, torch.float64, torch.int32, torch.float16, torch.bfloat16]:
         for rows in [size * 2, size * 2 + 1, 1]:  # divisible and not
             for op in [hvd.Sum, hvd.Average, hvd.Max]:
@@ -193,7 +192,7 @@ def test_reducescatter(rank: int, size: int) -> None:
     same(outs[1], np.full((3,), size), "grouped reducescatter 1")
 
 
-def test_runtime_owned_results(rank: int, size: int) -> None:
+def runtime_owned_results(rank: int, size: int) -> None:
     """Results in runtime-owned blocks (what DistributedOptimizer uses): every dtype, shape
     and op against numpy; fused with a caller-owned output in the same cycle; a result
     still referenced is never overwritten, and a dropped one's block is reused."""
@@ -264,7 +263,7 @@ def test_runtime_owned_results(rank: int, size: int) -> None:
           "a dropped result's block was not reused")
 
 
-def test_out_of_order_and_burst(rank: int, size: int) -> None:
+def out_of_order_and_burst(rank: int, size: int) -> None:
     names = [f"ooo.{i}" for i in range(40)]
     order = names if rank % 2 == 0 else list(reversed(names))
     handles = {n: hvd.allreduce_async(torch.full((i % 7 + 1,), float(rank + i)), name=n,
@@ -285,10 +284,9 @@ def test_out_of_order_and_burst(rank: int, size: int) -> None:
             same(hvd.synchronize(h), np.full(4096 if i % 3 == 0 else 16,
                                              sum(r * i for r in range(size)),
                                              dtype=np.float64), f"burst {i}")
-    check(all(hvd.poll(h) is not None for h in []), "")
 
 
-def test_join_and_barrier(rank: int, size: int) -> None:
+def join_and_barrier(rank: int, size: int) -> None:
     hvd.barrier()
     steps = 3 + rank  # uneven: rank r does 3 + r steps
     from horovodish.torch import mpi_ops
@@ -307,18 +305,7 @@ def test_join_and_barrier(rank: int, size: int) -> None:
     hvd.barrier()
 
 
-def expect_error(fn, kind, *needles: str) -> str:
-    try:
-        fn()
-    except kind as exc:
-        text = str(exc)
-        for needle in needles:
-            check(needle in text, f"error {text!r} lacks {needle!r}")
-        return text
-    raise AssertionError(f"rank {hvd.rank()}: expected {kind.__name__} containing {needles}")
-
-
-def test_errors(rank: int, size: int) -> None:
+def errors(rank: int, size: int) -> None:
     if size > 1:
         other = rank == 1
         expect_error(lambda: hvd.allreduce(torch.ones(3, dtype=torch.float64 if other else
@@ -382,7 +369,7 @@ def test_errors(rank: int, size: int) -> None:
     hvd.synchronize(held)
 
 
-def test_sparse(rank: int, size: int) -> None:
+def sparse(rank: int, size: int) -> None:
     """Sparse allreduce equals the dense allreduce of the same tensors."""
     def sparse_of(r: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed(r)
@@ -410,7 +397,7 @@ def test_sparse(rank: int, size: int) -> None:
     expect_error(lambda: hvd.sparse_allreduce(sparse_of(rank), op=hvd.Max), ValueError, "Max")
 
 
-def test_process_sets(rank: int, size: int) -> None:
+def process_sets(rank: int, size: int) -> None:
     """A set that excludes rank 1, while rank 1 runs collectives of its own set."""
     evens = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
     odds = hvd.add_process_set([r for r in range(size) if r % 2 == 1])
@@ -433,29 +420,30 @@ def test_process_sets(rank: int, size: int) -> None:
     hvd.remove_process_set(evens)
 
 
-def main() -> None:
-    hvd.init()
-    hvd.init()  # twice is harmless
-    rank, size = hvd.rank(), hvd.size()
-    check(0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1, "topology")
-    for test in [test_allreduce, test_allgather, test_broadcast, test_alltoall,
-                 test_reducescatter, test_runtime_owned_results, test_out_of_order_and_burst,
-                 test_join_and_barrier,
-                 test_errors, test_sparse]:
-        test(rank, size)
-    if os.environ.get("HOROVODISH_DYNAMIC_PROCESS_SETS") and size > 1:
-        test_process_sets(rank, size)
-    if os.environ.get("SHUTDOWN_IN_FLIGHT") and size > 1:
-        # Rank 0 leaves a tensor pending that rank 1 never submits, then shuts down.
-        if rank == 0:
-            handle = hvd.allreduce_async(torch.ones(1), name="never.matched")
-        hvd.barrier()  # rank 0 has submitted before anyone shuts down
-        hvd.shutdown()
-        if rank == 0:
-            expect_error(lambda: hvd.synchronize(handle), hvd.HorovodInternalError,
-                         "never.matched", "shut down")
-    print(f"OK rank {rank} of {size}", flush=True)
+def topology(rank: int, size: int) -> None:
+    check(0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1,
+          f"local rank {hvd.local_rank()} of {hvd.local_size()}, cross size {hvd.cross_size()}")
+
+
+def shutdown_with_work_in_flight(rank: int, size: int) -> None:
+    """Rank 0 leaves a tensor pending that rank 1 never submits, then shuts down."""
+    if rank == 0:
+        handle = hvd.allreduce_async(torch.ones(1), name="never.matched")
+    hvd.barrier()  # rank 0 has submitted before anyone shuts down
+    hvd.shutdown()
+    if rank == 0:
+        expect_error(lambda: hvd.synchronize(handle), hvd.HorovodInternalError,
+                     "never.matched", "shut down", what="the pending tensor after shutdown()")
 
 
 if __name__ == "__main__":
-    run(main)
+    checks = [topology, allreduce, allgather, broadcast, alltoall, reducescatter,
+              runtime_owned_results, out_of_order_and_burst, join_and_barrier, errors, sparse,
+              *staging_checks()]
+    hvd.init()
+    hvd.init()  # twice is harmless
+    if os.environ.get("HOROVODISH_DYNAMIC_PROCESS_SETS") and hvd.size() > 1:
+        checks.append(process_sets)
+    if os.environ.get("SHUTDOWN_IN_FLIGHT") and hvd.size() > 1:
+        checks.append(shutdown_with_work_in_flight)
+    run_checks(checks, hvd.rank(), hvd.size())

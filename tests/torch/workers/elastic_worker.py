@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import sys
 import warnings
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-import horovodish.torch as hvd
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check, close, run_checks  # noqa: E402
+
+import horovodish.torch as hvd  # noqa: E402
 
 
-def main() -> None:
-    hvd.init()
-    rank = hvd.rank()
-    torch.manual_seed(rank)  # ranks start different: sync() must fix that
-    model = torch.nn.Linear(4, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
-
-    # commit / restore round trip, locally
+def commit_and_restore(rank: int, size: int, run: SimpleNamespace) -> None:
+    """A commit / restore round trip, locally."""
+    model, optimizer, state = run.model, run.optimizer, run.state
     model(torch.ones(3, 4)).sum().backward()
     optimizer.step()
     state.epoch = 3
@@ -30,10 +29,16 @@ def main() -> None:
     optimizer.state[model.weight]["momentum_buffer"].zero_()
     state.epoch, state.batch = 7, 9
     state.restore()
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in committed.items())
-    assert torch.equal(optimizer.state_dict()["state"][0]["momentum_buffer"], momentum)
-    assert (state.epoch, state.batch) == (3, 0)
+    for k, v in committed.items():
+        check(torch.equal(model.state_dict()[k], v), f"{k} not restored")
+    check(torch.equal(optimizer.state_dict()["state"][0]["momentum_buffer"], momentum),
+          "momentum not restored")
+    check((state.epoch, state.batch) == (3, 0), f"epoch, batch {(state.epoch, state.batch)}")
 
+
+def run_retries_after_a_failure(rank: int, size: int, run: SimpleNamespace) -> None:
+    """A mismatch on purpose in the first attempt: every rank retries from the commit."""
+    model, state = run.model, run.state
     attempts = []
 
     @hvd.elastic.run
@@ -41,7 +46,7 @@ def main() -> None:
         attempts.append(state.epoch)
         # after sync every rank holds rank 0's weights
         weights = hvd.allgather_object(model.weight.detach().clone())
-        assert all(torch.equal(w, weights[0]) for w in weights), "sync did not align ranks"
+        check(all(torch.equal(w, weights[0]) for w in weights), "sync did not align ranks")
         if len(attempts) == 1:
             state.epoch = 99  # progress that is lost with the failure
             # a mismatch on purpose: HorovodInternalError on every rank
@@ -49,15 +54,13 @@ def main() -> None:
         return state.epoch
 
     result = train(state)
-    assert len(attempts) == 2, attempts
-    assert result == 3 and attempts == [3, 3], (result, attempts)  # restored from the commit
-    assert hvd.is_initialized()
-    kept_in_place(rank, hvd.size())
-    failure_inside_step(rank)
-    sys.stdout.write(f"OK rank {rank}\n")
+    check(len(attempts) == 2, f"attempts {attempts}")
+    check(result == 3 and attempts == [3, 3],  # restored from the commit
+          f"result {result}, attempts {attempts}")
+    check(hvd.is_initialized(), "not initialized after the retry")
 
 
-def kept_in_place(rank: int, size: int) -> None:
+def kept_in_place(rank: int, size: int, run: SimpleNamespace) -> None:
     """Extra models, LR schedulers and an ElasticSampler given as keywords are the
     user's own objects, restored and synced in place (they were replaced by copies, so
     a second model never synced and a scheduler drove a phantom optimizer)."""
@@ -75,7 +78,6 @@ def kept_in_place(rank: int, size: int) -> None:
             scheduler.step()  # a rank whose scheduler is ahead: sync() must fix it
     state = hvd.elastic.TorchState(model, optimizer, critic=critic, scheduler=scheduler,
                                    sampler=sampler, epoch=0)
-    check = _check(rank)
     check(state.critic is critic and state.scheduler is scheduler and state.sampler is sampler,
           "members replaced by copies")
     state.sync()
@@ -115,7 +117,7 @@ def kept_in_place(rank: int, size: int) -> None:
           f"remaining indices: {everyone} after processing {sorted(processed)}")
 
 
-def failure_inside_step(rank: int) -> None:
+def failure_inside_step(rank: int, size: int, run: SimpleNamespace) -> None:
     """A collective failing inside optimizer.step() (a real mismatch: rank 1's gradients
     carry other scale factors on the first attempt) must leave the optimizer usable for
     the retry; it used to keep the failed reductions pending, and the retry's
@@ -126,7 +128,6 @@ def failure_inside_step(rank: int) -> None:
                                          named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, optimizer, step=0)
     attempts = []
-    check = _check(rank)
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> int:
@@ -145,22 +146,21 @@ def failure_inside_step(rank: int) -> None:
     torch.manual_seed(20)
     reference = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
     plain = torch.optim.SGD(reference.parameters(), lr=0.1)
-    size = hvd.size()
     for _ in range(3):
         plain.zero_grad()
         sum(reference(torch.full((2, 3), float(r + 1))).sum() for r in range(size)).div(
             size).backward()
         plain.step()
-    for got, want in zip(model.parameters(), reference.parameters()):
-        check(torch.allclose(got, want, atol=1e-6), "weights after the retry differ")
-
-
-def _check(rank: int):
-    def check(cond: bool, what: str) -> None:
-        if not cond:
-            raise AssertionError(f"rank {rank}: {what}")
-    return check
+    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+        close(got, want, f"{name} after the retry", 1e-5, atol=1e-6)
 
 
 if __name__ == "__main__":
-    main()
+    hvd.init()
+    torch.manual_seed(hvd.rank())  # ranks start different: sync() must fix that
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    run = SimpleNamespace(model=model, optimizer=optimizer,
+                          state=hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0))
+    run_checks([commit_and_restore, run_retries_after_a_failure, kept_in_place,
+                failure_inside_step], hvd.rank(), hvd.size(), run)

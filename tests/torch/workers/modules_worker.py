@@ -1,19 +1,24 @@
 """SyncBatchNorm and buffer strategies on real ranks, against references on gathered data.
 
 Every rank's data is a pure function of (rank, name), so each rank builds the whole
-batch and runs torch's own BatchNorm on it as the reference. Exits non-zero on failure.
+batch and runs torch's own BatchNorm on it as the reference. Named checks
+(tests/worker_support.py).
 """
 from __future__ import annotations
 
 import copy
 import sys
 import zlib
+from pathlib import Path
 
 import torch
 from torch import nn
 
-import horovodish.torch as hvd
-from torch_staging import check, run
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check, expect_error, run_checks  # noqa: E402
+
+import horovodish.torch as hvd  # noqa: E402
+from torch_staging import staging_checks  # noqa: E402
 
 
 def data(rank: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -22,14 +27,16 @@ def data(rank: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def near(got: torch.Tensor, want: torch.Tensor, what: str, tol: float = 1e-5) -> None:
-    check(got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+    if not check(got.shape == want.shape,
+                 f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"):
+        return
     got, want = got.detach(), want.detach()
     scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
     diff = float((got - want).abs().max()) if got.numel() else 0.0
     check(diff <= tol * scale, f"{what}: differs by {diff} (largest value {scale})")
 
 
-def test_sync_batch_norm(rank: int, size: int) -> None:
+def sync_batch_norm(rank: int, size: int) -> None:
     rows = [(3, 1, 5, 2)[r % 4] for r in range(size)]  # uneven local batches
     start = sum(rows[:rank])
     mine = slice(start, start + rows[rank])
@@ -111,7 +118,7 @@ class Buffers(nn.Module):
         self.sub.register_buffer("f", torch.full((2,), float(rank)))
 
 
-def test_buffer_strategies(rank: int, size: int) -> None:
+def buffer_strategies(rank: int, size: int) -> None:
     root = size - 1
     everyone = [Buffers(r) for r in range(size)]  # the references: never synced
     module = Buffers(rank)
@@ -131,21 +138,13 @@ def test_buffer_strategies(rank: int, size: int) -> None:
     hvd.sync_buffers(ints, {"n": "average"})
     check(int(ints.n) == sum(range(size)) // size, "integer average")
     for bad, fragment in [({"nope": "sum"}, "name no buffer"), ({"a": "median"}, "unknown")]:
-        try:
-            hvd.BufferSync(module, bad)
-        except ValueError as exc:
-            check(fragment in str(exc), f"{bad}: {exc}")
-        else:
-            raise AssertionError(f"{bad} did not raise")
-    try:
-        hvd.sync_buffers(module, {"a": lambda ts: ts[0][:1]}, default="none")
-    except ValueError as exc:
-        check("shape" in str(exc), str(exc))
-    else:
-        raise AssertionError("a callable returning the wrong shape did not raise")
+        expect_error(lambda: hvd.BufferSync(module, bad), ValueError, fragment,
+                     what=f"BufferSync with {bad}")
+    expect_error(lambda: hvd.sync_buffers(module, {"a": lambda ts: ts[0][:1]}, default="none"),
+                 ValueError, "shape", what="a callable returning the wrong shape")
 
 
-def test_optimizer_buffer_sync(rank: int, size: int) -> None:
+def optimizer_buffer_sync(rank: int, size: int) -> None:
     """buffer_sync= runs after every step: running stats become the mean over ranks."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
@@ -166,14 +165,8 @@ def test_optimizer_buffer_sync(rank: int, size: int) -> None:
     check(int(model[1].num_batches_tracked) == 1, "opt: batches tracked broadcast")
 
 
-def main() -> None:
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    torch.set_num_threads(1)
-    for test in [test_sync_batch_norm, test_buffer_strategies, test_optimizer_buffer_sync]:
-        test(rank, size)
-    sys.stdout.write(f"OK rank {rank} of {size}\n")
-
-
 if __name__ == "__main__":
-    run(main)
+    checks = [sync_batch_norm, buffer_strategies, optimizer_buffer_sync, *staging_checks()]
+    hvd.init()
+    torch.set_num_threads(1)
+    run_checks(checks, hvd.rank(), hvd.size())

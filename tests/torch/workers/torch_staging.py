@@ -1,18 +1,24 @@
-"""What every torch worker shares: a failed check names the rank, and a failure ends the
-process at once with a non-zero code (no MPI finalize that could wait for peers)."""
+"""Host staging for the torch workers: with STAGE_THROUGH_HOST set, every tensor takes the
+path that CUDA tensors take, and a last check says that it did.
+
+Example (a worker written with tests/worker_support.py)::
+
+    from torch_staging import staging_checks
+
+    if __name__ == "__main__":
+        checks = [allreduce, allgather, *staging_checks()]
+        hvd.init()
+        run_checks(checks, hvd.rank(), hvd.size())
+"""
 from __future__ import annotations
 
 import os
 import sys
-import traceback
+from pathlib import Path
 from typing import Callable
 
-import horovodish.torch as hvd
-
-
-def check(cond: bool, what: str) -> None:
-    if not cond:
-        raise AssertionError(f"rank {hvd.rank()}: {what}")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from worker_support import check  # noqa: E402
 
 
 def stage_every_tensor() -> list[int]:
@@ -31,16 +37,13 @@ def stage_every_tensor() -> list[int]:
     return staged
 
 
-def run(main: Callable[[], None]) -> None:
-    """Run a worker's main; on any failure print the traceback and exit 1. With
-    STAGE_THROUGH_HOST set, every tensor takes the host-staged path (see above), and
-    the worker must have staged some."""
-    staged = stage_every_tensor() if os.environ.get("STAGE_THROUGH_HOST") else None
-    try:
-        main()
-        if staged is not None:
-            check(staged[0] > 0, "the staging path never ran")
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        os._exit(1)
+def staging_checks() -> list[Callable[[int, int], None]]:
+    """With STAGE_THROUGH_HOST set: stage every tensor from now on, and return the check
+    ``staged_through_host`` (run it last) that the path really ran; else no check."""
+    if not os.environ.get("STAGE_THROUGH_HOST"):
+        return []
+    staged = stage_every_tensor()
+
+    def staged_through_host(rank: int, size: int) -> None:
+        check(staged[0] > 0, "the staging path never ran")
+    return [staged_through_host]
