@@ -85,6 +85,10 @@ class Config:
     log_level: str = "warning"
     dynamic_process_sets: bool = False
     caller_runs: bool = True
+    # Across hosts: True/False force the two-level allreduce (allgather) on or off;
+    # None lets the backend choose by topology and size (docs/multihost.md).
+    hierarchical_allreduce: bool | None = None
+    hierarchical_allgather: bool | None = None
     # Names of the variables the user set explicitly; autotune leaves those alone.
     explicit: frozenset[str] = field(default_factory=frozenset)
 
@@ -115,5 +119,7 @@ class Config:
             log_level=_read(env, "LOG_LEVEL", _choice(LOG_LEVELS), "warning"),
             dynamic_process_sets=_read(env, "DYNAMIC_PROCESS_SETS", _parse_bool, False),
             caller_runs=_read(env, "CALLER_RUNS", _parse_bool, True),
+            hierarchical_allreduce=_read(env, "HIERARCHICAL_ALLREDUCE", _parse_bool, None),
+            hierarchical_allgather=_read(env, "HIERARCHICAL_ALLGATHER", _parse_bool, None),
             explicit=explicit,
         )

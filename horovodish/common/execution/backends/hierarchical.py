@@ -1,0 +1,138 @@
+"""Allreduce in two levels across hosts: shared memory inside each host, the network
+only between hosts, each rank carrying a 1/local_size slice of the data across.
+
+Per piece of the fused group (as the shared-memory backend cuts them):
+
+  1. every rank packs its inputs into its segment of the host's shared memory; each
+     reduces its slice (1/local_size of the piece) across the host's segments
+     (a reduce-scatter inside the host, no message);
+  2. it allreduces that slice with the ranks of the same local rank on the other hosts
+     (the cross communicator: a ring for large slices, MPI for small ones);
+  3. every rank copies the whole reduced piece out of shared memory (the allgather
+     inside the host, again no message).
+
+Between H hosts each host then sends 2(H-1)/H of the buffer (the minimum for an
+allreduce) where a flat ring over all ranks sends that per crossing of each of its
+local_size ranks' hops; docs/multihost.md has the figures. It needs every host to run
+the same number of ranks (each slice then has one partner per host) and more than one
+rank on a host; otherwise it is never chosen, and the flat backends run.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ...dtypes import MPI_REDUCIBLE
+from ...messages import ReduceOp, RequestType
+from .mpi import MPIBackend
+from .ring import RingBackend
+from .shm import SharedMemoryBackend
+
+log = logging.getLogger("horovodish")
+
+# Below this (the whole group) the flat MPI allreduce wins: two barriers and a cross
+# allreduce of a slice cost more than MPI's latency-bound small-message path
+# (docs/tuning.md, the small-tensor burst across hosts).
+HIERARCHICAL_THRESHOLD = 256 << 10
+# Per rank's segment half: larger than on one host so that each piece's slice crosses
+# the network in few, large messages.
+PIECE_BYTES = 4 << 20
+# Slices below this cross the network through MPI's allreduce, above through the ring.
+CROSS_RING_BYTES = 256 << 10
+
+
+class Topology:
+    """Where the ranks of a communicator sit: the communicators of this rank's host
+    (local) and of its peers of the same local rank on the other hosts (cross).
+    Collective over comm."""
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        rank = comm.Get_rank()
+        self.local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        self.cross = comm.Split(self.local.Get_rank(), key=rank)
+        self.local_sizes: list[int] = comm.allgather(self.local.Get_size())
+        self.hosts = sum(1 for s in comm.allgather(self.local.Get_rank() == 0) if s)
+
+    @property
+    def homogeneous(self) -> bool:
+        return len(set(self.local_sizes)) == 1
+
+    def unsuitable(self) -> str | None:
+        """Why a two-level allreduce cannot help here (None: it can)."""
+        if self.hosts < 2:
+            return "all ranks share one host"
+        if not self.homogeneous:
+            return (f"hosts run different numbers of ranks ({sorted(set(self.local_sizes))}"
+                    "): a slice would have no partner on some hosts")
+        if self.local_sizes[0] < 2:
+            return "one rank per host: the flat allreduce is already the cross one"
+        return None
+
+    def free(self) -> None:
+        self.local.Free()
+        self.cross.Free()
+
+
+class HierarchicalBackend(SharedMemoryBackend):
+    """Shared memory on the host's ranks, plus the cross-host step in ``reduce_slice``."""
+
+    name = "hierarchical"
+
+    def __init__(self, comm: MPI.Comm, mode: bool | None, cpu_operations: str | None,
+                 world_ranks: Sequence[int] | None = None,
+                 threshold: int = HIERARCHICAL_THRESHOLD,
+                 piece_bytes: int = PIECE_BYTES) -> None:
+        """mode: True/False as HOROVODISH_HIERARCHICAL_ALLREDUCE forces it, None: chosen
+        by size unless cpu_operations names a flat backend. Collective over comm."""
+        self.choice = mode
+        self.cpu_operations = cpu_operations
+        self.topology: Topology | None = None
+        self._cross_ring: RingBackend | None = None
+        self._cross_mpi: MPIBackend | None = None
+        world = list(world_ranks) if world_ranks is not None else list(range(comm.Get_size()))
+        topology = Topology(comm) if mode is not False and comm.Get_size() > 1 else None
+        why = topology.unsuitable() if topology else "turned off"
+        local = topology.local if topology and why is None else MPI.COMM_SELF
+        local_world = local.allgather(world[comm.Get_rank()])
+        super().__init__(local, "shm" if why is None else "off", threshold, piece_bytes,
+                         world_ranks=local_world)
+        # Every rank of comm must agree, not only those of one host.
+        if why is None and not comm.allreduce(self.available, op=MPI.LAND):
+            why = "shared memory is unavailable on some host"
+            super().close()
+        if why is None:
+            self.topology = topology
+            self._cross_ring = RingBackend(topology.cross, 0, "ring")
+            self._cross_mpi = MPIBackend(topology.cross)
+        elif topology is not None:
+            topology.free()
+        if why is not None and mode and comm.Get_rank() == 0 and topology is not None \
+                and topology.hosts > 1:  # (a job script for hosts run on one: no news)
+            log.warning("hierarchical allreduce unavailable (%s); using the flat one", why)
+
+    def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1,
+                op: ReduceOp | None = None) -> bool:
+        if kind != RequestType.ALLREDUCE or self.topology is None:
+            return False
+        if self.choice:
+            return True
+        return self.cpu_operations is None and nbytes >= self.threshold
+
+    def reduce_slice(self, reduced: np.ndarray, op: ReduceOp) -> None:
+        """This rank's slice, reduced over its host, reduced over the hosts. Every rank of
+        the cross communicator has the same local rank, hence a slice of the same size."""
+        if reduced.size == 0:
+            return
+        if reduced.nbytes >= CROSS_RING_BYTES or reduced.dtype.name not in MPI_REDUCIBLE:
+            self._cross_ring.allreduce(reduced, op)
+        else:
+            self._cross_mpi.allreduce(reduced, op)
+
+    def close(self) -> None:
+        super().close()
+        if self.topology is not None:
+            self.topology.free()
+            self.topology = None
