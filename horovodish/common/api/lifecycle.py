@@ -18,6 +18,7 @@ from ..config import Config
 from ..logging_setup import configure, warn_once
 from ..runtime import exit_hook, interrupts
 from ..runtime.assemble import build_runtime
+from ..runtime.heartbeat import HostWatchdog
 from . import process_state as _current
 from .collectives import reset_auto_names
 from .objects import allgather_object
@@ -64,10 +65,17 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         homogeneous = len(set(world.allgather(local.Get_size()))) == 1
         if config.caller_runs:
             interrupts.install()  # lets the main thread run cycles (see interrupts.py)
-        runtime = build_runtime(world, config, record_timeline=True)
+        # (Before the runtime thread starts using world: start() is collective over it.)
+        watchdog = HostWatchdog.start(world, local, config.heartbeat_timeout)
+        try:
+            runtime = build_runtime(world, config, record_timeline=True)
+        except BaseException:
+            if watchdog is not None:
+                watchdog.stop()
+            raise
         dynamic = process_sets == "dynamic" or config.dynamic_process_sets
         new = State(config, world, world.Dup(), local, cross, runtime, rank, size, dynamic,
-                    homogeneous=homogeneous)
+                    homogeneous=homogeneous, watchdog=watchdog)
         _current.replace(new)
         # Set ids start from 1 again, maybe with other members: so do unnamed ops' numbers.
         reset_auto_names()
@@ -178,6 +186,8 @@ def shutdown() -> None:
             process_set.runtime = process_set.comm = None
             process_set.process_set_id = None
         state_.runtime.shutdown()
+        if state_.watchdog is not None:
+            state_.watchdog.stop()
         # Communicators are a finite resource (MPICH: 2048 per process): free ours, so
         # that init() and shutdown() can alternate indefinitely.
         _free_if_finished(state_.runtime, [state_.comm, state_.manage_comm,

@@ -28,6 +28,7 @@ class State:
     process_sets: dict[int, Any] = field(default_factory=dict)
     next_process_set_id: int = 1
     registration_calls: int = 0  # add/remove_process_set calls so far (the same on every rank)
+    watchdog: Any = None  # heartbeats between hosts (runtime/heartbeat.py), or None
 
 
 _state: State | None = None
