@@ -259,10 +259,18 @@ class Cluster:
         port = f"p{self.hosts.index(host) + 1}"
         _sh("ip", "-n", self.bridge, "link", "set", port, "up" if up else "down")
         marker = self.state / "hosts" / host / "down"
-        if up:
-            marker.unlink(missing_ok=True)
-        else:
+        if not up:
             marker.touch()
+            return
+        # Back up: wait for the carrier, and forget the neighbours that failed meanwhile
+        # (else connecting fails at once with "no route to host" until they time out).
+        deadline = time.monotonic() + 5
+        while "LOWER_UP" not in _sh("ip", "-n", self.netns(host), "link", "show", "eth0").stdout \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for name in self.hosts:
+            _sh("ip", "-n", self.netns(name), "neigh", "flush", "all", check=False)
+        marker.unlink(missing_ok=True)
 
     def ssh_log(self) -> str:
         return (self.state / "ssh.log").read_text()
