@@ -14,8 +14,10 @@ CHECKS = ["check_topology", "check_backend_choice", "check_allreduce",
 
 
 def test_two_hosts_of_two_ranks(cluster):
-    """Homogeneous: large allreduces go hierarchical, small ones flat."""
-    result = run_job(cluster, "core_worker.py", "h1:2,h2:2", args=["h1:2,h2:2"])
+    """Homogeneous: large allreduces go hierarchical, small ones flat; allgathers go
+    hierarchical when Horovod's variable asks."""
+    result = run_job(cluster, "core_worker.py", "h1:2,h2:2", args=["h1:2,h2:2"],
+                     env={"HOROVOD_HIERARCHICAL_ALLGATHER": "1"})
     assert_ranks_ok(result, 4, CHECKS)
 
 

@@ -41,7 +41,8 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
     backends = [AdasumBackend(comm),
                 # Across hosts only (and shared memory within one host only).
                 HierarchicalBackend(comm, config.hierarchical_allreduce,
-                                    config.cpu_operations, world_ranks=world_ranks),
+                                    config.cpu_operations, world_ranks=world_ranks,
+                                    gather=bool(config.hierarchical_allgather)),
                 SharedMemoryBackend(comm, config.cpu_operations, world_ranks=world_ranks),
                 RingBackend(comm, config.ring_threshold, config.cpu_operations),
                 MPIBackend(comm)]

@@ -120,6 +120,10 @@ def check_backend_choice(rank: int, size: int) -> None:
                   f"{nbytes} bytes in {tensors}: {name} on a multi-host job")
         else:
             check(name != "hierarchical", f"{nbytes} bytes in {tensors}: {name} on one host")
+    gather = operations.choose(RequestType.ALLGATHER, "float32", 1 << 20).name
+    forced_gather = os.environ.get("HOROVOD_HIERARCHICAL_ALLGATHER") == "1"
+    want = "hierarchical" if hierarchical_possible() and forced_gather else "mpi"
+    check(gather == want, f"allgather: {gather}, want {want}")
 
 
 def check_allreduce(rank: int, size: int) -> None:

@@ -39,7 +39,7 @@ log = logging.getLogger("horovodish")
 HIERARCHICAL_THRESHOLD = 256 << 10
 # Per rank's segment half: larger than on one host so that each piece's slice crosses
 # the network in few, large messages.
-PIECE_BYTES = 4 << 20
+PIECE_BYTES = 8 << 20
 # Slices below this cross the network through MPI's allreduce, above through the ring.
 CROSS_RING_BYTES = 256 << 10
 
@@ -84,16 +84,19 @@ class HierarchicalBackend(SharedMemoryBackend):
     def __init__(self, comm: MPI.Comm, mode: bool | None, cpu_operations: str | None,
                  world_ranks: Sequence[int] | None = None,
                  threshold: int = HIERARCHICAL_THRESHOLD,
-                 piece_bytes: int = PIECE_BYTES) -> None:
+                 piece_bytes: int = PIECE_BYTES, gather: bool = False) -> None:
         """mode: True/False as HOROVODISH_HIERARCHICAL_ALLREDUCE forces it, None: chosen
-        by size unless cpu_operations names a flat backend. Collective over comm."""
+        by size unless cpu_operations names a flat backend. gather: run allgathers in
+        two levels too (HOROVODISH_HIERARCHICAL_ALLGATHER). Collective over comm."""
         self.choice = mode
+        self.gather = gather
         self.cpu_operations = cpu_operations
         self.topology: Topology | None = None
         self._cross_ring: RingBackend | None = None
         self._cross_mpi: MPIBackend | None = None
         world = list(world_ranks) if world_ranks is not None else list(range(comm.Get_size()))
-        topology = Topology(comm) if mode is not False and comm.Get_size() > 1 else None
+        wanted = mode is not False or gather
+        topology = Topology(comm) if wanted and comm.Get_size() > 1 else None
         why = topology.unsuitable() if topology else "turned off"
         local = topology.local if topology and why is None else MPI.COMM_SELF
         local_world = local.allgather(world[comm.Get_rank()])
@@ -107,15 +110,26 @@ class HierarchicalBackend(SharedMemoryBackend):
             self.topology = topology
             self._cross_ring = RingBackend(topology.cross, 0, "ring")
             self._cross_mpi = MPIBackend(topology.cross)
+            # Each host (numbered by its first rank's cross rank): its ranks of comm, in
+            # local rank order, for the allgather's unpacking.
+            self._host = host = topology.local.bcast(topology.cross.Get_rank(), root=0)
+            where = comm.allgather((host, topology.local.Get_rank()))
+            self._host_ranks = [[r for r, _ in sorted(
+                ((r, local) for r, (h, local) in enumerate(where) if h == host_id),
+                key=lambda pair: pair[1])] for host_id in range(topology.hosts)]
         elif topology is not None:
             topology.free()
-        if why is not None and mode and comm.Get_rank() == 0 and topology is not None \
+        if why is not None and (mode or gather) and comm.Get_rank() == 0 and topology is not None \
                 and topology.hosts > 1:  # (a job script for hosts run on one: no news)
             log.warning("hierarchical allreduce unavailable (%s); using the flat one", why)
 
     def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1,
                 op: ReduceOp | None = None) -> bool:
-        if kind != RequestType.ALLREDUCE or self.topology is None:
+        if self.topology is None:
+            return False
+        if kind == RequestType.ALLGATHER:
+            return self.gather
+        if kind != RequestType.ALLREDUCE or self.choice is False:
             return False
         if self.choice:
             return True
@@ -131,8 +145,42 @@ class HierarchicalBackend(SharedMemoryBackend):
         else:
             self._cross_mpi.allreduce(reduced, op)
 
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        """Horovod's hierarchical allgather: each host's first rank gathers its host's
+        blocks, the first ranks allgather the hosts' blocks between hosts (each block
+        crosses the network once per host, not once per rank), and each broadcasts the
+        whole result inside its host."""
+        local, cross = self.topology.local, self.topology.cross
+        item = send.dtype.itemsize
+        host = self._host_ranks[self._host]
+        packed = np.empty(sum(counts[r] for r in host), send.dtype)
+        local.Gatherv(_bytes(send), [_bytes(packed), [counts[r] * item for r in host],
+                                     _offsets([counts[r] * item for r in host]), MPI.BYTE],
+                      root=0)
+        if local.Get_rank() == 0:
+            totals = [sum(counts[r] for r in ranks) * item for ranks in self._host_ranks]
+            everything = np.empty(sum(totals) // item, send.dtype)
+            cross.Allgatherv(_bytes(packed), [_bytes(everything), totals, _offsets(totals),
+                                              MPI.BYTE])
+            starts = _offsets(counts)
+            position = 0
+            for ranks in self._host_ranks:
+                for r in ranks:
+                    recv[starts[r]:starts[r] + counts[r]] = everything[position:position + counts[r]]
+                    position += counts[r]
+        local.Bcast(_bytes(recv), root=0)
+
     def close(self) -> None:
         super().close()
         if self.topology is not None:
             self.topology.free()
             self.topology = None
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    return array.reshape(-1).view(np.uint8)
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64).tolist() \
+        if counts else []
