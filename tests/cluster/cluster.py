@@ -64,8 +64,13 @@ def missing_requirements() -> str | None:
 
 
 def _sh(*argv: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), check=check, text=True, capture_output=True,
+    """Run a command; with check, a failure raises naming the command and its stderr."""
+    done = subprocess.run(list(argv), text=True, capture_output=True,
                           stdin=subprocess.DEVNULL, **kwargs)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: exit code {done.returncode}: "
+                           f"{done.stderr.strip()}")
+    return done
 
 
 def _start_time(pid: int) -> str | None:
@@ -179,7 +184,11 @@ class Cluster:
         tbf = ["tbf", "rate", self.rate, "burst", str(burst), "latency", "20ms"]
         tc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev]
         if delay:
-            _sh(*tc, "root", "handle", "1:", "netem", "delay", delay, "limit", "100000")
+            try:
+                _sh(*tc, "root", "handle", "1:", "netem", "delay", delay, "limit", "100000")
+            except RuntimeError as exc:
+                raise RuntimeError(f"--delay needs tc's netem qdisc (kernel module "
+                                   f"sch_netem), which this kernel lacks: {exc}") from None
             _sh(*tc, "parent", "1:1", "handle", "10:", *tbf)
         else:
             _sh(*tc, "root", "handle", "1:", *tbf)
