@@ -90,6 +90,7 @@ def report() -> str:
     lines += [row(label, found[module]) for label, module in FRAMEWORKS]
     lines += ["", "Available Backends:", row("MPI", mpi, ""), row("Ring", mpi, ""),
               row("Shared memory", mpi, "(ranks on one host)"),
+              row("Hierarchical", mpi, "(shared memory in each host, network between)"),
               row("NCCL", found["nccl"]), "", "MPI:",
               row("MPI library:", mpi, mpi or "mpi4py not importable"),
               row("mpirun:", runner and runner.path,
