@@ -11,11 +11,12 @@ Per piece of the fused group (as the shared-memory backend cuts them):
   3. every rank copies the whole reduced piece out of shared memory (the allgather
      inside the host, again no message).
 
-Between H hosts each host then sends 2(H-1)/H of the buffer (the minimum for an
-allreduce) where a flat ring over all ranks sends that per crossing of each of its
-local_size ranks' hops; docs/multihost.md has the figures. It needs every host to run
-the same number of ranks (each slice then has one partner per host) and more than one
-rank on a host; otherwise it is never chosen, and the flat backends run.
+Between H hosts each host then sends 2(H-1)/H of the buffer, the minimum for an
+allreduce, where a flat ring over all p ranks sends 2(p-1)/p of it (1.5x the minimum on
+2 hosts of 2 ranks); docs/scaling.md has the model, docs/tuning.md the figures. It needs
+every host to run the same number of ranks (each slice then has one partner per host)
+and more than one rank on a host; otherwise it is never chosen, and the flat backends
+run. Asked for (HOROVODISH_HIERARCHICAL_ALLGATHER), it runs allgathers in two levels too.
 """
 from __future__ import annotations
 
@@ -114,13 +115,13 @@ class HierarchicalBackend(SharedMemoryBackend):
             # local rank order, for the allgather's unpacking.
             self._host = host = topology.local.bcast(topology.cross.Get_rank(), root=0)
             where = comm.allgather((host, topology.local.Get_rank()))
-            self._host_ranks = [[r for r, _ in sorted(
-                ((r, local) for r, (h, local) in enumerate(where) if h == host_id),
-                key=lambda pair: pair[1])] for host_id in range(topology.hosts)]
+            self._host_ranks = [
+                [r for _, r in sorted((lr, r) for r, (h, lr) in enumerate(where) if h == hid)]
+                for hid in range(topology.hosts)]
         elif topology is not None:
             topology.free()
-        if why is not None and (mode or gather) and comm.Get_rank() == 0 and topology is not None \
-                and topology.hosts > 1:  # (a job script for hosts run on one: no news)
+        if why is not None and (mode or gather) and comm.Get_rank() == 0 and \
+                topology is not None and topology.hosts > 1:  # (one host: no news)
             log.warning("hierarchical allreduce unavailable (%s); using the flat one", why)
 
     def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1,
