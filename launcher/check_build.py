@@ -121,6 +121,7 @@ def report() -> str:
     lines += [row(label, found[module]) for label, module in FRAMEWORKS]
     lines += ["", "Available Backends:", row("MPI", mpi, ""), row("Ring", mpi, ""),
               row("Shared memory", mpi, "(ranks on one host)"),
+              row("Hierarchical", mpi, "(shared memory in each host, network between)"),
               row("NCCL (CuPy)", found["nccl"]), "", "CUDA:",
               row("CuPy:", found["cupy"], found["cupy"] or "not importable "
                   "(pip install horovodish[cuda12] or [cuda13])"),

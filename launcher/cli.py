@@ -14,6 +14,7 @@ from pathlib import Path
 from horovodish import __version__
 
 from .hosts import parse_hostfile, parse_hosts
+from .remote import DEFAULT_START_TIMEOUT
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
 CPU_OPERATIONS = ("mpi", "ring", "shm")  # as horovodish.common.config (a test checks)
@@ -49,6 +50,28 @@ def _positive_int(text: str) -> int:
     return _int(text, 1)
 
 
+def _positive_float(text: str) -> float:
+    value = _nonneg_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _int(text, 1)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 1..65535, got {text!r}")
+    return value
+
+
+def _interfaces(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(names) or any(" " in name or "/" in name for name in names):
+        raise argparse.ArgumentTypeError(f"expected interface names like eth0 or eth0,ib0, "
+                                         f"got {text!r}")
+    return names
+
+
 def _hosts(text: str):
     try:
         return parse_hosts(text)
@@ -78,10 +101,6 @@ _REFUSED = [
     (("--gloo",), False, "horovodish runs on MPI alone (drop --gloo)"),
     (("--config-file",), True, "no config files: pass the settings as flags or as "
                                "HOROVODISH_* variables (docs/configuration.md)"),
-    (("-p", "--ssh-port"), True, _VIA_MPIRUN),
-    (("-i", "--ssh-identity-file"), True, _VIA_MPIRUN),
-    (("--start-timeout",), True, _VIA_MPIRUN),
-    (("--network-interface", "--network-interfaces"), True, _VIA_MPIRUN),
     (("--output-filename",), True, _VIA_MPIRUN),
     (("--tcp",), False, _VIA_MPIRUN),
     (("--binding-args",), True, _VIA_MPIRUN),
@@ -93,10 +112,6 @@ _REFUSED = [
 # ... and those that change nothing here, accepted with a note.
 _NO_EFFECT = {
     "--mpi": "horovodish always runs on MPI",
-    "--hierarchical-allreduce": "horovodish picks its allreduce by message size and hosts",
-    "--hierarchical-allgather": "horovodish picks its allgather itself",
-    "--no-hierarchical-allreduce": "horovodish picks its allreduce by message size and hosts",
-    "--no-hierarchical-allgather": "horovodish picks its allgather itself",
     "--mpi-threads-disable": "the runtime asks MPI for the thread level it needs",
     "--prefix-output-with-timestamp": "the ranks' output goes through mpirun unchanged",
     "--log-without-timestamp": "log lines carry the rank, not a timestamp",
@@ -158,6 +173,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backend for host-memory collectives")
     t.add_argument("--gpu-operations", type=str.lower, choices=GPU_OPERATIONS,
                    help="path of CUDA tensors: nccl, or mpi (staged through host memory)")
+    for what in ("allreduce", "allgather"):
+        choice = t.add_mutually_exclusive_group()
+        choice.add_argument(f"--hierarchical-{what}", dest=f"hierarchical_{what}",
+                            action="store_const", const=True,
+                            help=f"{what} in two levels across hosts: inside each host, "
+                                 "then between hosts (default: chosen by topology and size)")
+        choice.add_argument(f"--no-hierarchical-{what}", dest=f"hierarchical_{what}",
+                            action="store_const", const=False,
+                            help=f"never the hierarchical {what}")
+    r = p.add_argument_group("hosts (ssh, network)")
+    r.add_argument("-p", "--ssh-port", type=_port, metavar="PORT",
+                   help="ssh port of the remote hosts")
+    r.add_argument("-i", "--ssh-identity-file", metavar="FILE",
+                   help="ssh private key for the remote hosts")
+    r.add_argument("--start-timeout", type=_positive_float, metavar="S",
+                   default=DEFAULT_START_TIMEOUT,
+                   help="seconds for every remote host to answer over ssh before the "
+                        f"job starts (default {DEFAULT_START_TIMEOUT:g}); a host that "
+                        "does not is named and the job does not start")
+    r.add_argument("--network-interface", "--network-interfaces", dest="network_interface",
+                   type=_interfaces, metavar="IF[,IF...]",
+                   help="network interface(s) for the job's traffic, e.g. eth0 (Hydra's "
+                        "-iface takes the first)")
     p.add_argument("--mpi-args", type=_mpi_args, default=[], metavar='"ARGS"',
                    help="extra arguments for mpirun, split like a shell would (but never run by one); "
                         'write --mpi-args="-v" when ARGS is a single dash option')

@@ -48,4 +48,8 @@ def config_env(args: argparse.Namespace) -> dict[str, str]:
         env["HOROVODISH_CPU_OPERATIONS"] = args.cpu_operations
     if args.gpu_operations is not None:
         env["HOROVODISH_GPU_OPERATIONS"] = args.gpu_operations
+    for what in ("allreduce", "allgather"):
+        chosen = getattr(args, f"hierarchical_{what}", None)
+        if chosen is not None:
+            env[f"HOROVODISH_HIERARCHICAL_{what.upper()}"] = "1" if chosen else "0"
     return env

@@ -18,6 +18,13 @@ process is one rank; inside it, ``hvd.init()`` reads rank, size and local rank f
   signal N on its own gives what mpirun reports: N with MPICH's Hydra, which does not
   tell it apart from ``exit(N)``.
 * ``plain mpirun -np N python train.py`` works as well; the launcher adds only convenience.
+* Across hosts (``-H``/``--hostfile`` naming hosts other than this one, started over
+  ssh): every remote host must first answer ``ssh HOST true`` within --start-timeout
+  seconds (default 30), all checked at once; otherwise the launcher names each host that
+  did not, with ssh's reason, and exits 255 without starting anything. --ssh-port,
+  --ssh-identity-file and a ConnectTimeout of the start timeout go to every ssh the job
+  makes; --network-interface picks the interface for mpirun's and the ranks' traffic
+  (docs/multihost.md).
 
 Example::
 
@@ -27,7 +34,8 @@ Example::
     hvd.init()
     print(hvd.rank(), hvd.size())   # 0..3, 4
 
-Exit codes of the launcher itself: 2 for bad arguments, 127 when no mpirun is found.
+Exit codes of the launcher itself: 2 for bad arguments, 127 when no mpirun is found, 255
+when a remote host does not answer over ssh.
 """
 from __future__ import annotations
 
@@ -41,6 +49,7 @@ from .command import build_command, child_env
 from .envvars import config_env
 from .hosts import hostfile_for
 from .process import run_job
+from .remote import Remote, check_hosts, mpirun_args, rank_env, remote_hosts, uses_ssh
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,18 +71,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"horovodishrun: warning: cannot tell which MPI {runner.path} belongs to; "
               "using MPICH Hydra syntax", file=sys.stderr)
 
+    remote = Remote(args.ssh_port, args.ssh_identity_file, args.start_timeout,
+                    args.network_interface or ())
+    others = remote_hosts(args.hostfile_hosts if args.hostfile_hosts is not None
+                          else args.hosts)
+    if others and uses_ssh(args.mpi_args, os.environ):
+        problems = check_hosts(others, remote)
+        if problems:
+            print("horovodishrun: cannot start the job: "
+                  + ("; ".join(problems) if len(problems) == 1 else
+                     f"{len(problems)} hosts did not answer over ssh:\n  "
+                     + "\n  ".join(problems)), file=sys.stderr)
+            return 255
     hostfile, temporary = None, False
     if args.hostfile_hosts is not None:
         hostfile, temporary = hostfile_for(args.hostfile, args.hostfile_hosts, runner.flavour)
     try:
-        config = config_env(args)
+        config = {**config_env(args), **rank_env(remote)}
+        extra_args, mpirun_env = mpirun_args(remote, runner.flavour, bool(others))
+        for name, value in mpirun_env.items():
+            if os.environ.get(name):  # the caller's own options after ours
+                mpirun_env[name] = f"{value} {os.environ[name]}"
         argv_ = build_command(runner.path, runner.flavour, args.num_proc, args.command,
                               config=config, hosts=args.hosts, hostfile=hostfile,
-                              mpi_args=args.mpi_args, environ=os.environ)
+                              mpi_args=[*extra_args, *args.mpi_args], environ=os.environ)
         if args.verbose:
             print(shlex.join(argv_), file=sys.stderr, flush=True)
         try:
-            return run_job(argv_, env=child_env(config, os.environ))
+            return run_job(argv_, env={**child_env(config, os.environ), **mpirun_env})
         except OSError as exc:
             print(f"horovodishrun: cannot start {runner.path}: {exc}", file=sys.stderr)
             return 127 if isinstance(exc, FileNotFoundError) else 126

@@ -33,14 +33,20 @@ from horovodish.launcher.process import kill_tree
 
 def run_ranks(script: str | Path, np: int, args: Sequence[str] = (),
               env: Mapping[str, str] | None = None,
-              timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``horovodishrun -np N python script args...``; return it with output captured.
+              timeout: float = 120, hosts: str | None = None,
+              launch_on: Sequence[str] = (),
+              launcher_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """Run ``horovodishrun -np N [-H hosts] python script args...``; return it with output
+    captured.
 
     ``result.stdout`` holds stdout and stderr of all ranks and the launcher (``stderr`` is
     None). The ranks see ``os.environ`` plus ``env`` plus ``PYTHONUNBUFFERED=1``.
+    ``launch_on`` prefixes the launcher's argv (the emulated cluster's on-host h1, say);
+    ``launcher_args`` are more of horovodishrun's flags.
     Raises AssertionError (with the output so far) if the job outlives ``timeout`` seconds.
     """
-    cmd = [sys.executable, "-m", "horovodish.launcher", "-np", str(np),
+    cmd = [*launch_on, sys.executable, "-m", "horovodish.launcher", "-np", str(np),
+           *(["-H", hosts] if hosts else []), *launcher_args,
            sys.executable, str(script), *map(str, args)]
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, env=full_env, stdin=subprocess.DEVNULL,

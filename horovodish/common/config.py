@@ -86,6 +86,12 @@ class Config:
     log_level: str = "warning"
     dynamic_process_sets: bool = False
     caller_runs: bool = True
+    # Across hosts: True/False force the two-level allreduce (allgather) on or off;
+    # None lets the backend choose by topology and size (docs/multihost.md).
+    hierarchical_allreduce: bool | None = None
+    hierarchical_allgather: bool | None = None
+    # Seconds without a heartbeat from a neighbouring host before the job ends (0: never).
+    heartbeat_timeout: float = 30.0
     # Names of the variables the user set explicitly; autotune leaves those alone.
     explicit: frozenset[str] = field(default_factory=frozenset)
 
@@ -118,5 +124,8 @@ class Config:
             log_level=_read(env, "LOG_LEVEL", _choice(LOG_LEVELS), "warning"),
             dynamic_process_sets=_read(env, "DYNAMIC_PROCESS_SETS", _parse_bool, False),
             caller_runs=_read(env, "CALLER_RUNS", _parse_bool, True),
+            hierarchical_allreduce=_read(env, "HIERARCHICAL_ALLREDUCE", _parse_bool, None),
+            hierarchical_allgather=_read(env, "HIERARCHICAL_ALLGATHER", _parse_bool, None),
+            heartbeat_timeout=_read(env, "HEARTBEAT_TIMEOUT", non_negative_float, 30.0),
             explicit=explicit,
         )

@@ -62,6 +62,9 @@ def launch(args: list[str], timeout: float = 60, **kw) -> subprocess.CompletedPr
     (["--cpu-operations", "ring"], {"HOROVODISH_CPU_OPERATIONS": "ring"}),
     (["--cpu-operations", "SHM"], {"HOROVODISH_CPU_OPERATIONS": "shm"}),
     (["--gpu-operations", "NCCL"], {"HOROVODISH_GPU_OPERATIONS": "nccl"}),
+    (["--hierarchical-allreduce"], {"HOROVODISH_HIERARCHICAL_ALLREDUCE": "1"}),
+    (["--no-hierarchical-allreduce"], {"HOROVODISH_HIERARCHICAL_ALLREDUCE": "0"}),
+    (["--hierarchical-allgather"], {"HOROVODISH_HIERARCHICAL_ALLGATHER": "1"}),
 ])
 def test_flag_becomes_env_var(flags, expected):
     assert config_env(parse_args(["-np", "2", *flags, "python", "x.py"])) == expected
@@ -192,7 +195,12 @@ def test_hostfile_conversion(tmp_path, flavour, text, converted):
     (["-np", "2", "--min-np", "1", "p"], "--min-np: elastic launching"),
     (["-np", "2", "--host-discovery-script", "d.sh", "p"], "elastic launching"),
     (["-np", "2", "--gloo", "p"], "--gloo: horovodish runs on MPI alone"),
-    (["-np", "2", "--ssh-port", "22", "p"], "give mpirun's own option with --mpi-args"),
+    (["-np", "2", "--output-filename", "o", "p"], "give mpirun's own option with --mpi-args"),
+    (["-np", "2", "--ssh-port", "70000", "p"], "--ssh-port"),
+    (["-np", "2", "--start-timeout", "0", "p"], "--start-timeout"),
+    (["-np", "2", "--network-interface", "eth0,,x", "p"], "--network-interface"),
+    (["-np", "2", "--hierarchical-allreduce", "--no-hierarchical-allreduce", "p"],
+     "not allowed with"),
     (["-np", "2", "--config-file", "c.yaml", "p"], "HOROVODISH_* variables"),
 ])
 def test_bad_arguments_exit_2(capsys, argv, names):
@@ -223,12 +231,12 @@ def test_version_and_flags_without_effect(capsys):
     assert exc.value.code == 0
     from horovodish import __version__
     assert capsys.readouterr().out.strip() == f"horovodishrun {__version__}"
-    args = parse_args(["-np", "2", "--mpi", "--hierarchical-allreduce", "--mpi", "python", "x"])
+    args = parse_args(["-np", "2", "--mpi", "--mpi-threads-disable", "--mpi", "python", "x"])
     assert args.command == ["python", "x"] and config_env(args) == {}
     err = capsys.readouterr().err.splitlines()
     assert err == ["horovodishrun: --mpi has no effect (horovodish always runs on MPI)",
-                   "horovodishrun: --hierarchical-allreduce has no effect (horovodish picks "
-                   "its allreduce by message size and hosts)"], err
+                   "horovodishrun: --mpi-threads-disable has no effect (the runtime asks MPI "
+                   "for the thread level it needs)"], err
 
 
 # ---------------------------------------------------------------- finding mpirun

@@ -19,6 +19,7 @@ from ..execution.cuda import choose_gpu_operations
 from ..logging_setup import configure, warn_once
 from ..runtime import exit_hook, interrupts
 from ..runtime.assemble import build_runtime
+from ..runtime.heartbeat import HostWatchdog
 from . import process_state as _current
 from .collectives import reset_auto_names
 from .objects import allgather_object
@@ -68,10 +69,17 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         # Before any runtime exists: a rank that raises here (NCCL asked for and missing)
         # ends the job through exit_hook instead of leaving the others in a collective.
         gpu = choose_gpu_operations(config)
-        runtime = build_runtime(world, config, record_timeline=True, gpu=gpu)
+        # (Before the runtime thread starts using world: start() is collective over it.)
+        watchdog = HostWatchdog.start(world, local, config.heartbeat_timeout)
+        try:
+            runtime = build_runtime(world, config, record_timeline=True, gpu=gpu)
+        except BaseException:
+            if watchdog is not None:
+                watchdog.stop()
+            raise
         dynamic = process_sets == "dynamic" or config.dynamic_process_sets
         new = State(config, world, world.Dup(), local, cross, runtime, rank, size, dynamic,
-                    homogeneous=homogeneous, gpu=gpu)
+                    homogeneous=homogeneous, gpu=gpu, watchdog=watchdog)
         _current.replace(new)
         # Set ids start from 1 again, maybe with other members: so do unnamed ops' numbers.
         reset_auto_names()
@@ -183,6 +191,8 @@ def shutdown() -> None:
             process_set.runtime = process_set.comm = None
             process_set.process_set_id = None
         state_.runtime.shutdown()
+        if state_.watchdog is not None:
+            state_.watchdog.stop()
         # Communicators are a finite resource (MPICH: 2048 per process): free ours, so
         # that init() and shutdown() can alternate indefinitely.
         _free_if_finished(state_.runtime, [state_.comm, state_.manage_comm,

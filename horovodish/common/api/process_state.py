@@ -31,6 +31,7 @@ class State:
     next_process_set_id: int = 1
     registration_calls: int = 0  # add/remove_process_set calls so far (the same on every rank)
     gpu: GpuOperations = GpuOperations()  # the path of CUDA tensors, chosen at init()
+    watchdog: Any = None  # heartbeats between hosts (runtime/heartbeat.py), or None
 
 
 _state: State | None = None

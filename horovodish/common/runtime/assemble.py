@@ -12,6 +12,7 @@ from mpi4py import MPI
 from ..autotune import Autotuner, Params
 from ..config import Config
 from ..execution.backends.adasum import AdasumBackend
+from ..execution.backends.hierarchical import HierarchicalBackend
 from ..execution.backends.mpi import MPIBackend
 from ..execution.backends.nccl import NcclBackend
 from ..execution.backends.ring import RingBackend
@@ -43,6 +44,10 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
         stall = StallInspector(size, config.stall_check_time, config.stall_shutdown_time,
                                world_ranks=world_ranks)
     backends = [AdasumBackend(comm),
+                # Across hosts only (and shared memory within one host only).
+                HierarchicalBackend(comm, config.hierarchical_allreduce,
+                                    config.cpu_operations, world_ranks=world_ranks,
+                                    gather=bool(config.hierarchical_allgather)),
                 SharedMemoryBackend(comm, config.cpu_operations, world_ranks=world_ranks),
                 RingBackend(comm, config.ring_threshold, config.cpu_operations),
                 MPIBackend(comm)]

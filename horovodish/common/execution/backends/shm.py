@@ -148,6 +148,11 @@ class SharedMemoryBackend(Backend):
                             group.prescale, group.postscale, group.divide_by, in_place)
         return outputs
 
+    def reduce_slice(self, reduced: np.ndarray, op: ReduceOp) -> None:
+        """Called with this rank's slice of each piece, reduced across the host, before
+        it is scaled and shared: nothing more to do within one host; the hierarchical
+        backend reduces it across hosts here."""
+
     def allreduce(self, buf: np.ndarray, op: ReduceOp, source: np.ndarray | None = None
                   ) -> None:
         flat = buf.reshape(-1)
@@ -224,6 +229,7 @@ class SharedMemoryBackend(Backend):
                 reduced = views[0][start:stop]
                 for other in views[1:]:
                     ufunc(reduced, other[start:stop], out=reduced)
+                self.reduce_slice(reduced, op)
                 if divide_by:
                     divide_toward_zero(reduced, divide_by)
                 if postscale != 1.0:

@@ -1,0 +1,53 @@
+"""Running a job on the emulated cluster the way a user would: ``horovodishrun -H ...``
+on h1, through the one multi-rank helper (tests/multirank.py)."""
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from multirank import run_ranks
+
+from .cluster import Cluster
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+def ranks_of(hosts: str) -> int:
+    """'h1:2,h2:2' -> 4."""
+    return sum(int(item.split(":")[1]) for item in hosts.split(","))
+
+
+def run_job(cluster: Cluster, script: str | Path, hosts: str = "h1:2,h2:2",
+            args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+            timeout: float = 120, launcher_args: Sequence[str] = (),
+            hostfile: Path | None = None) -> subprocess.CompletedProcess:
+    """Run script on the hosts (launched from h1; given as -H, or as --hostfile when
+    hostfile is given: then hosts only counts the ranks); then every host must be left
+    with no process of the job within 10 s (else the test fails naming them)."""
+    where = ["--hostfile", str(hostfile)] if hostfile else []
+    try:
+        return run_ranks(WORKERS / script if isinstance(script, str) else script,
+                         ranks_of(hosts), args=args, env=cluster.env(**(env or {})),
+                         timeout=timeout, hosts=None if hostfile else hosts,
+                         launch_on=cluster.on_host("h1", []),
+                         launcher_args=[*where, *launcher_args])
+    finally:
+        assert_nothing_left(cluster)
+
+
+def assert_nothing_left(cluster: Cluster, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        left = {host: cluster.pids(host) for host in cluster.hosts}
+        left = {host: pids for host, pids in left.items() if pids}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if left:
+        listing = subprocess.run(["ps", "-o", "pid,ppid,etime,args", "-p",
+                                  ",".join(str(p) for pids in left.values() for p in pids)],
+                                 capture_output=True, text=True).stdout
+        cluster.kill_all()
+        raise AssertionError(f"processes left behind after the job: {left}\n{listing}")
