@@ -1,0 +1,43 @@
+"""Horovod-style scripts (``import horovod.torch``) run unchanged through the alias
+package that ``python -m horovodish.compat`` puts on PYTHONPATH (docs/api.md)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from multirank import assert_ranks_ok, run_ranks
+
+from horovodish.compat import alias_path
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+def alias_env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (alias_path(), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path}
+
+
+def test_the_module_prints_the_alias_directory():
+    out = subprocess.run([sys.executable, "-m", "horovodish.compat"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == alias_path() and (Path(out) / "horovod" / "__init__.py").is_file()
+
+
+def test_a_horovod_module_that_horovodish_lacks_is_not_found():
+    code = "import horovod.spark"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, **alias_env()})
+    assert result.returncode != 0 and "horovod.spark" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_horovod_torch_script(np):
+    result = run_ranks(WORKERS / "horovod_torch_script.py", np, env=alias_env(), timeout=120)
+    assert_ranks_ok(result, np, [
+        "the_alias_is_horovodish", "sparse_handle_is_callable",
+        "prescale_is_horovods_arithmetic", "reducescatter_gradient_is_horovods",
+        "optimizer_names_parameters", "broadcast_state_with_a_frozen_parameter"])
