@@ -22,8 +22,8 @@ from ..common.handles import Handle
 from ..common.messages import ReduceOp
 from ..common.process_sets import ProcessSet
 
-_SUPPORTED = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
-              tf.float32, tf.float64, tf.bool)
+_SUPPORTED = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
+              tf.bfloat16, tf.float32, tf.float64, tf.bool)
 
 
 def check_dtype(tensor: Any, opname: str) -> None:

@@ -13,7 +13,7 @@ import tensorflow as tf  # noqa: E402  (checks quiets TF first)
 
 import horovodish.tensorflow as hvd  # noqa: E402
 
-DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+DTYPES = ["uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "bfloat16", "float32",
           "float64", "bool"]
 FLOATS = {"float16", "bfloat16", "float32", "float64"}
 OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
