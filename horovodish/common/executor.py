@@ -18,7 +18,7 @@ from .backends.base import divide_toward_zero
 from .backends.shm import SharedMemoryBackend
 from .dtypes import FLOATING, numpy_dtype
 from .entry import Entry, finish_all
-from .errors import HorovodInternalError
+from .errors import HorovodInternalError, RankMismatchError
 from .fusion import FusionBuffers, ResultBlocks
 from .messages import ReduceOp, RequestType, Response
 from .operations import OperationManager
@@ -59,7 +59,7 @@ class Executor:
         it has none); failures go to the group's handles, not the caller."""
         first = group[0]
         if first.error is not None:
-            _fail(mine, HorovodInternalError(first.error))
+            _fail(mine, RankMismatchError(first.error))
             return
         timeline = self.timeline
         if timeline is not None:

@@ -26,6 +26,7 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allred
 from .optimizer import DistributedOptimizer
 from .rank_ops import (local_rank_op, local_size_op, process_set_included_op, rank_op,
                        size_op)
+from .util import _executing_eagerly  # Horovod's scripts and tests call hvd._executing_eagerly
 
 
 def __getattr__(name: str) -> object:

@@ -1,14 +1,18 @@
 """Raw collectives: the one place TensorFlow tensors meet the core (numpy in, numpy out).
 
 Eager tensors go straight to the core, with no op built (the cheapest path). Inside
-tf.function each call becomes one stateful ``tf.numpy_function`` whose body submits to the
-core and waits, blocking a TensorFlow thread meanwhile. So every rank must reach its
-collectives in the same order: each op gets a control dependency on the collective built
-before it in the same graph. (The backward function TensorFlow builds when an eager tape
-differentiates a tf.function has no automatic control dependencies: there the gradients'
-collectives ran in whatever order each rank's executor picked, each rank blocked on one
-the others had not reached, and the job hung.) The chain is per graph: calls of inner
-tf.functions are not ordered by it (docs/tensorflow.md). No gradients here (see mpi_ops.py).
+tf.function (or a ``tf.compat.v1`` graph) each call becomes one ``tf.py_function``
+(stateful) whose body submits to the core and waits, blocking a TensorFlow thread
+meanwhile. So every rank must reach its collectives in the same order: each op gets a
+control dependency on the collective built before it in the same graph. (The backward
+function TensorFlow builds when an eager tape differentiates a tf.function has no
+automatic control dependencies: there the gradients' collectives ran in whatever order
+each rank's executor picked, each rank blocked on one the others had not reached, and
+the job hung. In a tf.compat.v1 session, several independent collectives fetched at once
+hung the same way, each rank's few executor threads blocked on different ones.) So a
+session that runs a collective runs every collective built before it in that graph.
+The chain is per graph: calls of inner tf.functions are not ordered by it
+(docs/tensorflow.md). No gradients here (see mpi_ops.py).
 """
 from __future__ import annotations
 
@@ -18,9 +22,11 @@ import numpy as np
 import tensorflow as tf
 
 from ..common import collectives as core
+from ..common.errors import RankMismatchError
 from ..common.handles import Handle
 from ..common.messages import ReduceOp
 from ..common.process_sets import ProcessSet
+from . import errors
 
 _SUPPORTED = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
               tf.bfloat16, tf.float32, tf.float64, tf.bool)
@@ -88,16 +94,30 @@ def _host_view(tensor: Any) -> np.ndarray:
 
 
 def run(body: Callable[..., list[np.ndarray]], tensors: Sequence[Any],
-        out_dtypes: Sequence[tf.DType], opname: str) -> list[tf.Tensor]:
-    """body(*numpy arrays) -> numpy arrays, eagerly or as one graph op."""
+        out_dtypes: Sequence[tf.DType], opname: str) -> list[Any]:
+    """body(*numpy arrays) -> numpy arrays, eagerly or as one graph op, failing with
+    Horovod's error types (errors.py). In a graph, an op with no outputs is returned
+    itself (a tf.compat.v1 session runs it)."""
     if tf.executing_eagerly():
-        return [to_tensor(out) for out in body(*[_host_view(t) for t in tensors])]
+        try:
+            outs = body(*[_host_view(t) for t in tensors])
+        except Exception as exc:
+            translated = errors.eager_error(exc)
+            if translated is exc:
+                raise
+            raise translated from None
+        return [to_tensor(out) for out in outs]
     _require_xla_free(opname)
     traced = _listing([t.name for t in tensors])
 
-    def graph_body(*arrays: np.ndarray) -> list[np.ndarray]:
+    def graph_body(*inputs: tf.Tensor) -> list[Any]:
         try:
-            return body(*[np.asarray(a) for a in arrays])
+            return [to_tensor(out) for out in body(*[_host_view(t) for t in inputs])]
+        except RankMismatchError as exc:
+            if out_dtypes:
+                return errors.graph_failure(f"{exc} [tf.function tensors: {traced}]",
+                                            len(out_dtypes))
+            raise
         except Exception as exc:
             # Add the graph tensors: the core's names for traced ops are counters.
             try:
@@ -108,12 +128,14 @@ def run(body: Callable[..., list[np.ndarray]], tensors: Sequence[Any],
     graph = tf.compat.v1.get_default_graph()
     previous = getattr(graph, "_horovodish_last_collective", None)
     with tf.control_dependencies([previous] if previous is not None else []):
-        outs = tf.numpy_function(graph_body, list(tensors), list(out_dtypes), stateful=True,
-                                 name=f"Horovodish{opname.title().replace('_', '')}")
+        # tf.py_function, not tf.numpy_function: only its kernel can fail with
+        # FailedPrecondition (see errors.graph_failure).
+        outs = tf.py_function(graph_body, list(tensors), list(out_dtypes),
+                              name=f"Horovodish{opname.title().replace('_', '')}")
     # On the graph itself (a reference cycle the collector frees with it), not in a table
     # keyed by graph, which the op would keep alive.
     graph._horovodish_last_collective = outs[0].op if out_dtypes else outs
-    return list(outs) if out_dtypes else []  # no outputs: numpy_function gives the op
+    return list(outs) if out_dtypes else [outs]  # no outputs: py_function gives the op
 
 
 def _listing(names: list[str], shown: int = 8) -> str:

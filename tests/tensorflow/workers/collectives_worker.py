@@ -289,29 +289,50 @@ def check_eager_tape_over_tf_function(c: Checker, rank: int, size: int) -> None:
 
 # -- errors, sparse, compression, variables, objects ---------------------------------------
 def check_mismatch(c: Checker, rank: int, size: int) -> None:
-    if size == 1:
-        return  # nothing to disagree with
-    shape = (2,) if rank == 0 else (3,)
-    exc = c.raises(lambda: hvd.allreduce(tf.ones(shape), name="mismatched.shape"),
-                   hvd.HorovodInternalError, "mismatched.shape", "eager shape mismatch")
-    c.true("shape" in str(exc), f"message says what differs: {exc}")
-    dtype = tf.float32 if rank == 0 else tf.float64
-    c.raises(lambda: hvd.allreduce(tf.ones(2, dtype), name="mismatched.dtype"),
-             hvd.HorovodInternalError, "mismatched.dtype", "eager dtype mismatch")
-    c.close(hvd.allreduce(tf.ones(2), op=hvd.Sum).numpy(), np.full(2, size),
-            "allreduce after a mismatch")
+    """Horovod's error types, eagerly and in tf.function: FailedPreconditionError where the
+    ranks disagree (still a HorovodInternalError eagerly), InvalidArgumentError for a bad
+    argument (still a ValueError eagerly); the message names the tensor and what differed."""
+    if size > 1:
+        shape = (2,) if rank == 0 else (3,)
+        exc = c.raises(lambda: hvd.allreduce(tf.ones(shape), name="mismatched.shape"),
+                       tf.errors.FailedPreconditionError, "mismatched.shape",
+                       "eager shape mismatch")
+        c.true(isinstance(exc, hvd.HorovodInternalError), f"still ours: {type(exc)}")
+        c.true("shape" in str(exc), f"message says what differs: {exc}")
+        dtype = tf.float32 if rank == 0 else tf.float64
+        c.raises(lambda: hvd.allreduce(tf.ones(2, dtype), name="mismatched.dtype"),
+                 tf.errors.FailedPreconditionError, "mismatched.dtype", "eager dtype mismatch")
+        c.raises(lambda: hvd.broadcast(tf.ones(2), rank, name="mismatched.root"),
+                 tf.errors.FailedPreconditionError, "root rank", "eager root mismatch")
+        c.raises(lambda: hvd.alltoall(tf.ones([size, rank + 1]), name="mismatched.a2a"),
+                 tf.errors.FailedPreconditionError, "after the first dimension",
+                 "eager alltoall mismatch")
+        c.close(hvd.allreduce(tf.ones(2), op=hvd.Sum).numpy(), np.full(2, size),
+                "allreduce after a mismatch")
 
-    @tf.function
-    def unnamed(x):
-        return hvd.allreduce(x, op=hvd.Sum)
-    exc = c.raises(lambda: unnamed(tf.ones(shape)), tf.errors.OpError, "HorovodInternalError",
-                   "graph shape mismatch")
-    c.true("allreduce.graph0" in str(exc), f"graph error names the tensor: {exc}")
-    c.close(unnamed(tf.ones(2)).numpy(), np.full(2, size), "graph allreduce after a mismatch")
+        @tf.function
+        def unnamed(x):
+            return hvd.allreduce(x, op=hvd.Sum)
+        exc = c.raises(lambda: unnamed(tf.ones(shape)), tf.errors.FailedPreconditionError,
+                       "HorovodInternalError", "graph shape mismatch")
+        c.true("allreduce.graph0" in str(exc) and "disagree on the shape" in str(exc),
+               f"graph error names the tensor and what differed: {exc}")
+        c.close(unnamed(tf.ones(2)).numpy(), np.full(2, size),
+                "graph allreduce after a mismatch")
+        c.raises(lambda: hvd.alltoall(tf.ones([size + 1])), tf.errors.InvalidArgumentError,
+                 "not divisible", "eager alltoall without splits, rows not divisible")
+        c.raises(lambda: tf.function(hvd.alltoall)(tf.ones([size + 1])),
+                 tf.errors.InvalidArgumentError, "not divisible",
+                 "tf.function alltoall without splits, rows not divisible")
+    exc = c.raises(lambda: hvd.broadcast(tf.ones(2), size), tf.errors.InvalidArgumentError,
+                   "out of range", "eager root out of range")
+    c.true(isinstance(exc, ValueError), f"still a ValueError: {type(exc)}")
     c.raises(lambda: hvd.allgather(tf.constant(1.0)), ValueError, "0-dim",
              "allgather of a scalar")
     c.raises(lambda: hvd.allreduce(tf.constant(["a"])), TypeError, "not supported",
              "string dtype")
+    c.true(hvd._executing_eagerly() and not tf.function(hvd._executing_eagerly)(),
+           "hvd._executing_eagerly")
 
 
 def check_sparse_and_compression(c: Checker, rank: int, size: int) -> None:
