@@ -82,7 +82,11 @@ def _allreduce(tensors: list[tf.Tensor], op: ReduceOp, prescale: float, postscal
 def _sparse_allreduce(slices: tf.IndexedSlices, op: ReduceOp, prescale: float,
                       postscale: float, name: str | None,
                       process_set: ProcessSet) -> tf.IndexedSlices:
-    """Allgather of values and indices: duplicates add up when the slices are applied."""
+    """Allgather of values and indices: duplicates add up when the slices are applied.
+    Average divides the values by the number of ranks as Horovod does, with TensorFlow's
+    true division: integer values come back floating (uint8 as float32, int32 as
+    float64). Scale factors are for DistributedGradientTape's predivide factor only (the
+    public allreduce refuses them for IndexedSlices, as Horovod's does)."""
     if op not in (Sum, Average):
         raise NotImplementedError(
             f"allreduce of IndexedSlices '{name or 'unnamed'}': only Sum and Average are "
@@ -91,8 +95,18 @@ def _sparse_allreduce(slices: tf.IndexedSlices, op: ReduceOp, prescale: float,
     names = [f"{name}.values", f"{name}.indices"] if name else None
     values, indices = grouped_allgather([slices.values, slices.indices], name=None,
                                         process_set=process_set, _names=names)
-    factor = prescale * postscale / (process_set.size() if op == Average else 1)
-    return tf.IndexedSlices(_scale([values], factor)[0], indices, slices.dense_shape)
+    values = _scale([values], prescale * postscale)[0]
+    if op == Average:
+        values = values / tf.constant(process_set.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, slices.dense_shape)
+
+
+def _refuse_sparse_scaling(prescale: float, postscale: float, name: str | None) -> None:
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotImplementedError(
+            f"allreduce of IndexedSlices '{name or 'unnamed'}': prescale_factor and "
+            "postscale_factor are not supported for IndexedSlices (as in Horovod); scale "
+            "the values yourself, or pass sparse_as_dense=True.")
 
 
 @public
@@ -107,6 +121,8 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     op = _resolve_op(average, op)
     process_set = core.resolve(process_set)
     if isinstance(tensor, tf.IndexedSlices):
+        if op in (Sum, Average):
+            _refuse_sparse_scaling(prescale_factor, postscale_factor, name)
         return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name,
                                  process_set)
     compressed, ctx = compression.compress(_tensors([tensor], "allreduce")[0])
@@ -129,6 +145,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
     results: list[Any] = list(tensors)
     for i, tensor in enumerate(tensors):
         if i not in dense:
+            if op in (Sum, Average):
+                _refuse_sparse_scaling(prescale_factor, postscale_factor, name)
             results[i] = _sparse_allreduce(tensor, op, prescale_factor, postscale_factor,
                                            f"{name}.{i}" if name else None, process_set)
     packed = [compression.compress(t) for t in _tensors([tensors[i] for i in dense],

@@ -346,10 +346,27 @@ def check_sparse_and_compression(c: Checker, rank: int, size: int) -> None:
     sparse = tf.IndexedSlices(tf.constant(values), tf.constant(indices), tf.constant([10, 2]))
     for label, op, want in (("Average", hvd.Average, np.mean(every, 0)),
                             ("Sum", hvd.Sum, np.sum(every, 0))):
-        reduced = hvd.allreduce(sparse, op=op)
-        c.true(isinstance(reduced, tf.IndexedSlices), f"sparse {label} stays IndexedSlices")
-        c.close(tf.convert_to_tensor(reduced).numpy(), want, f"sparse allreduce {label}",
-                "float32")
+        for mode, fn in (("eager", hvd.allreduce), ("graph", tf.function(hvd.allreduce))):
+            reduced = fn(sparse, op=op)
+            c.true(isinstance(reduced, tf.IndexedSlices), f"sparse {label} stays IndexedSlices")
+            c.close(tf.convert_to_tensor(reduced).numpy(), want,
+                    f"{mode} sparse allreduce {label}", "float32")
+    # Horovod's integer Average: the values divided by size with true division (uint8
+    # comes back float32, int32 float64), not rounded in the integer dtype.
+    for dtype, want_dtype in (("uint8", "float32"), ("int32", "float64")):
+        ints = tf.IndexedSlices(tf.constant(np.full((1, 3), rank + 1), dtype), tf.constant([0]),
+                                tf.constant([1, 3]))
+        for mode, fn in (("eager", hvd.grouped_allreduce),
+                         ("graph", tf.function(hvd.grouped_allreduce))):
+            reduced = fn([ints], op=hvd.Average)[0]
+            c.true(reduced.values.dtype.name == want_dtype,
+                   f"{mode} sparse Average of {dtype}: {reduced.values.dtype.name}")
+            c.close(tf.reduce_sum(reduced.values, 0).numpy(),
+                    np.full(3, sum(r + 1 for r in range(size)) / size),
+                    f"{mode} sparse Average of {dtype}")
+    for kwargs in ({"prescale_factor": 0.5}, {"postscale_factor": 2.0}):
+        c.raises(lambda: hvd.allreduce(sparse, op=hvd.Sum, **kwargs), NotImplementedError,
+                 "IndexedSlices", f"sparse allreduce with {kwargs}")
     x = data(rank, "comp", (4, 3), "float32") / 7
     want = np.mean([data(r, "comp", (4, 3), "float32") / 7 for r in range(size)], 0)
     for label, compression, tol in (("fp16", hvd.Compression.fp16, 2e-3),
