@@ -3,7 +3,8 @@
 Floating-point results are differentiable (tf.custom_gradient), with Horovod's gradients:
 allreduce -> allreduce with the same op and scale factors; allgather -> the averaged
 gradient, this rank's rows; broadcast -> the averaged gradient on the root, zeros
-elsewhere; reducescatter -> an allgather; alltoall -> the reverse alltoall.
+elsewhere; reducescatter -> an allgather (times size for Sum); alltoall -> the reverse
+alltoall.
 ``device_dense``/``device_sparse`` are accepted for compatibility: tensors are staged
 through host memory, whatever device they live on.
 """
@@ -263,7 +264,9 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     packed = [compression.compress(t) for t in _tensors(tensors, "reducescatter")]
     inputs = [p[0] for p in packed]
     names = op_names(name, inputs, "reducescatter", process_set)
-    factor = prescale_factor * postscale_factor / (process_set.size() if op == Average else 1)
+    # Horovod's gradient: the allgather of the upstream gradients, times size for Sum (so
+    # size times the exact gradient of the ranks' summed losses, for Sum and Average alike).
+    factor = prescale_factor * postscale_factor * (process_set.size() if op == Sum else 1)
 
     def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
         gathered = grouped_allgather(dys, process_set=process_set, _names=op_names(

@@ -169,9 +169,9 @@ def check_gradients(c: Checker, rank: int, size: int) -> None:
         parts["allgather"] = tf.reduce_sum(tf.constant(weights(rank, "w_ag", (total_ag, 2)))
                                            * gathered)
         parts["broadcast"] = tf.reduce_sum(w_ar * hvd.broadcast(x_ar, root))
-        scattered = hvd.reducescatter(x_rs, op=hvd.Average)
-        parts["reducescatter"] = tf.reduce_sum(
-            tf.constant(weights(rank, "w_rs", rs_rows(rank))) * scattered)
+        w_rs = tf.constant(weights(rank, "w_rs", rs_rows(rank)))
+        parts["reducescatter"] = tf.reduce_sum(w_rs * hvd.reducescatter(x_rs, op=hvd.Average))
+        parts["reducescatter Sum"] = tf.reduce_sum(w_rs * hvd.reducescatter(x_rs, op=hvd.Sum))
         sent, _ = hvd.alltoall(x_a2a, splits=splits_of(rank, size))
         parts["alltoall"] = tf.reduce_sum(tf.constant(weights(rank, "w_a2a", a2a_rows(rank)))
                                           * sent)
@@ -188,7 +188,7 @@ def check_gradients(c: Checker, rank: int, size: int) -> None:
     def grads(x_ar, x_ag, x_rs, x_a2a, x_even):
         out = {}
         for key in ("Sum", "Average", "scaled", "grouped", "allgather", "broadcast",
-                    "reducescatter", "alltoall", "alltoall even"):
+                    "reducescatter", "reducescatter Sum", "alltoall", "alltoall even"):
             with tf.GradientTape() as tape:
                 tape.watch([x_ar, x_ag, x_rs, x_a2a, x_even])
                 loss = losses(x_ar, x_ag, x_rs, x_a2a, x_even)[key]
@@ -204,7 +204,10 @@ def check_gradients(c: Checker, rank: int, size: int) -> None:
     offset = sum(r + 1 for r in range(rank))
     want["allgather"] = np.mean(every_w("w_ag", lambda r: (total_ag, 2)), 0)[
         offset:offset + rank + 1]
-    want["reducescatter"] = np.concatenate(every_w("w_rs", rs_rows)) / size
+    # Horovod's reducescatter gradient: the allgather of the upstream gradients, times
+    # size for Sum (size times the exact gradient of the summed losses, either op).
+    want["reducescatter"] = np.concatenate(every_w("w_rs", rs_rows))
+    want["reducescatter Sum"] = np.concatenate(every_w("w_rs", rs_rows)) * size
     w_a2a = every_w("w_a2a", a2a_rows)
     blocks = []
     for dest in range(size):
