@@ -17,8 +17,8 @@ from ..common.process_sets import (ProcessSet, add_process_set, global_process_s
                                    remove_process_set)
 from . import elastic
 from .compression import Compression
-from .functions import (allgather_object, broadcast_object, broadcast_object_fn,
-                        broadcast_variables)
+from .functions import (allgather_object, broadcast_global_variables, broadcast_object,
+                        broadcast_object_fn, broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
                       barrier, broadcast, broadcast_, grouped_allgather, grouped_allreduce,

@@ -214,14 +214,19 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
 @public
 def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> list[Any]:
-    """In place: assign root_rank's values to the variables (tf.Variable or keras.Variable)."""
+    """In place: assign root_rank's values to the variables (tf.Variable, a tf.compat.v1
+    RefVariable or keras.Variable); returns their new values, as Horovod does. In a graph
+    the assignments happen when a session runs those values."""
     process_set = core.resolve(process_set)
     variables = list(variables)
     values = _tensors(variables, "broadcast_")
     names = op_names(name, values, "broadcast", process_set)
+    results = []
     for variable, value in zip(variables, ops.broadcast(values, names, root_rank, process_set)):
-        variable.assign(value)
-    return variables
+        assigned = variable.assign(value)  # in a graph: the value once assigned
+        results.append(tf.convert_to_tensor(variable) if tf.executing_eagerly()
+                       else tf.identity(assigned))
+    return results
 
 
 # -- alltoall ------------------------------------------------------------------------------
@@ -297,6 +302,7 @@ def join() -> tf.Tensor:
 
 
 @public
-def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Block until every rank (of the set) reaches the barrier."""
-    ops.barrier(core.resolve(process_set))
+def barrier(process_set: ProcessSet = global_process_set) -> Any:
+    """Block until every rank (of the set) reaches the barrier. In a tf.compat.v1 graph
+    this returns the op, which waits when a session runs it (as Horovod's does)."""
+    return ops.barrier(core.resolve(process_set))

@@ -267,8 +267,11 @@ def join() -> tf.Tensor:
     return _set_shapes(run(body, [], [tf.int32], "join"), [[]])[0]
 
 
-def barrier(process_set: ProcessSet) -> None:
+def barrier(process_set: ProcessSet) -> Any:
+    """In a tf.compat.v1 graph, the op for a session to run; else None (eagerly done on
+    return; inside tf.function run in program order, and a function may not return it)."""
     def body() -> list[np.ndarray]:
         core.barrier_async(process_set).wait()
         return []
-    run(body, [], [], "barrier")
+    built = run(body, [], [], "barrier")
+    return built[0] if built and not tf.inside_function() else None

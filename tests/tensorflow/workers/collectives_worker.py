@@ -392,10 +392,14 @@ def check_variables_and_objects(c: Checker, rank: int, size: int) -> None:
     tf_var.assign(np.full(3, rank, np.float32))
 
     @tf.function
-    def broadcast_in_place() -> None:
-        hvd.broadcast_([tf_var], 0)
-    broadcast_in_place()
+    def broadcast_in_place():
+        return hvd.broadcast_([tf_var], 0)
+    c.close(broadcast_in_place()[0].numpy(), np.zeros(3), "broadcast_ in tf.function returns")
     c.close(tf_var.numpy(), np.zeros(3), "broadcast_ in tf.function")
+    tf_var.assign(np.full(3, rank, np.float32))
+    c.close(hvd.broadcast_([tf_var, keras_var], root)[0].numpy(), np.full(3, root),
+            "broadcast_ returns the values")
+    c.close(tf_var.numpy(), np.full(3, root), "broadcast_ eagerly")
     c.true(hvd.broadcast_object({"from": rank}, root_rank=root) == {"from": root},
            "broadcast_object")
     c.true(hvd.allgather_object(rank * 10) == [r * 10 for r in range(size)], "allgather_object")
