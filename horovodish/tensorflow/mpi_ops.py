@@ -195,7 +195,14 @@ def _broadcast(tensors: list[tf.Tensor], root_rank: int, names: list[str],
     def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
         reduced = _allreduce(dys, Average, 1.0, 1.0,
                              op_names(None, dys, "broadcast.grad", process_set), process_set)
-        return reduced if basics.rank() == root_rank else [tf.zeros_like(g) for g in reduced]
+        if basics.rank() == root_rank:
+            return reduced
+        # Zeros that still depend on the allreduce: in a graph, tf.zeros_like of a static
+        # shape is a constant, so a session fetching this gradient skipped the allreduce
+        # (and the collectives chained before it) on non-root ranks only, and the root
+        # waited for good.
+        with tf.control_dependencies(reduced):
+            return [tf.zeros_like(g) for g in reduced]
     return _differentiable(lambda xs: ops.broadcast(xs, names, root_rank, process_set),
                            backward, tensors)
 

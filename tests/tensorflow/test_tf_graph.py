@@ -1,6 +1,6 @@
 """Collectives in tf.compat.v1 graphs run by a Session (Horovod's graph mode), on 1, 2 and 3
-ranks against numpy: gradients, Horovod's error types, in-place broadcasts,
-broadcast_global_variables, barrier, sparse averages."""
+ranks against numpy: gradients (the broadcast's once hung every rank), Horovod's error
+types, in-place broadcasts, broadcast_global_variables, barrier, sparse averages."""
 from __future__ import annotations
 
 from pathlib import Path

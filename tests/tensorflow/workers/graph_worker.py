@@ -1,6 +1,7 @@
 """Collectives in tf.compat.v1 graphs run by a Session (Horovod's graph mode), on every rank
-against numpy: gradients, Horovod's error types, in-place broadcasts,
-broadcast_global_variables, barrier, sparse averages. Each graph is built the same way on every rank, as Horovod's tests build theirs.
+against numpy: gradients (the broadcast's on a non-root rank once hung both ranks),
+Horovod's error types, in-place broadcasts, broadcast_global_variables, barrier, sparse
+averages. Each graph is built the same way on every rank, as Horovod's tests build theirs.
 """
 from __future__ import annotations
 
@@ -20,6 +21,21 @@ def in_graph(fn):
     """fn(session) inside a fresh graph and session: a graph-mode 'test'."""
     with tf.Graph().as_default(), v1.Session() as session:
         return fn(session)
+
+
+def check_broadcast_gradient(c: Checker, rank: int, size: int) -> None:
+    """Horovod's test_horovod_broadcast_grad_cpu: one graph, a broadcast and its gradient
+    per root, each gradient fetched on its own. On a non-root rank the gradient is zeros;
+    built as a constant it no longer depended on the allreduce, so those ranks skipped
+    the collectives the root waited in, and both ranks hung."""
+    def body(session):
+        for dtype, dim, root in itertools.product([tf.float32, tf.float64], [1, 2],
+                                                  range(size)):
+            tensor = tf.cast(tf.ones([3] * dim) * rank, dtype)
+            grad = tf.gradients(hvd.broadcast(tensor, root), tensor, tf.ones([3] * dim, dtype))
+            want = np.ones([3] * dim) * (1.0 if rank == root else 0.0)
+            c.close(session.run(grad[0]), want, f"broadcast gradient, root {root}, {dtype.name}")
+    in_graph(body)
 
 
 def check_reducescatter_gradient(c: Checker, rank: int, size: int) -> None:
@@ -114,6 +130,7 @@ def main() -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     c = Checker(rank)
+    check_broadcast_gradient(c, rank, size)
     check_reducescatter_gradient(c, rank, size)
     check_errors(c, rank, size)
     check_variables(c, rank, size)
