@@ -26,7 +26,7 @@ from ..common.errors import RankMismatchError
 from ..common.handles import Handle
 from ..common.messages import ReduceOp
 from ..common.process_sets import ProcessSet
-from . import errors
+from . import errors, interrupts
 
 _SUPPORTED = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
               tf.bfloat16, tf.float32, tf.float64, tf.bool)
@@ -57,7 +57,9 @@ def wait_all(handles: Sequence[Handle]) -> list[Any]:
     results, error = [], None
     for handle in handles:
         try:
-            results.append(handle.wait())
+            results.append(interrupts.wait(handle))
+        except interrupts.Interrupted:
+            raise  # the caller is to stop waiting at once
         except Exception as exc:  # noqa: BLE001 - re-raised below
             results.append(None)
             error = error or exc
@@ -108,6 +110,7 @@ def run(body: Callable[..., list[np.ndarray]], tensors: Sequence[Any],
             raise translated from None
         return [to_tensor(out) for out in outs]
     _require_xla_free(opname)
+    interrupts.install()
     traced = _listing([t.name for t in tensors])
 
     def graph_body(*inputs: tf.Tensor) -> list[Any]:
@@ -223,8 +226,8 @@ def alltoall(tensor: Any, splits: Any, name: str,
         def allocate(shape: tuple[int, ...]) -> np.ndarray:
             kept.append(empty(shape, array.dtype))
             return kept[-1]
-        out, received = core.alltoall_async(array, parts, allocate, name, "cpu",
-                                            process_set).wait()
+        out, received = interrupts.wait(core.alltoall_async(array, parts, allocate, name,
+                                                            "cpu", process_set))
         return [out, np.asarray(received, np.int32)]
 
     inputs = [tensor] + ([split_tensor] if split_tensor is not None else [])
@@ -263,7 +266,7 @@ def reducescatter(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, pr
 
 def join() -> tf.Tensor:
     """The last rank to join, once every rank has."""
-    body = lambda: [np.asarray(core.join_async().wait(), np.int32)]  # noqa: E731
+    body = lambda: [np.asarray(interrupts.wait(core.join_async()), np.int32)]  # noqa: E731
     return _set_shapes(run(body, [], [tf.int32], "join"), [[]])[0]
 
 
@@ -271,7 +274,7 @@ def barrier(process_set: ProcessSet) -> Any:
     """In a tf.compat.v1 graph, the op for a session to run; else None (eagerly done on
     return; inside tf.function run in program order, and a function may not return it)."""
     def body() -> list[np.ndarray]:
-        core.barrier_async(process_set).wait()
+        interrupts.wait(core.barrier_async(process_set))
         return []
     built = run(body, [], [], "barrier")
     return built[0] if built and not tf.inside_function() else None

@@ -6,6 +6,8 @@ averages. Each graph is built the same way on every rank, as Horovod's tests bui
 from __future__ import annotations
 
 import itertools
+import signal
+import time
 
 import numpy as np
 from checks import Checker, ok, quiet_tensorflow
@@ -125,6 +127,45 @@ def check_sparse_average(c: Checker, rank: int, size: int) -> None:
     in_graph(body)
 
 
+class Alarm(Exception):
+    pass
+
+
+def check_interrupt(c: Checker, rank: int, size: int) -> None:
+    """A timeout alarm stops a session.run whose collective waits for a late rank (Horovod's
+    suite on one rank that failed a check and went on elsewhere hung for good): the
+    handler runs within a slice of waiting, the collective completes once the late ranks
+    submit it, and the next graph's collectives work."""
+    if size == 1:
+        return
+    if rank == 0:
+        def body(session):
+            late = hvd.allreduce(tf.ones([2]), name="late", op=hvd.Sum)
+            previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(Alarm()))
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            start = time.monotonic()
+            try:
+                session.run(late)
+                c.true(False, "session.run returned though the other ranks were late")
+            except (Alarm, RuntimeError, tf.errors.OpError) as exc:
+                # Alarm itself, or the op's error; or (the handler raising while
+                # TensorFlow's pybind11 layer converts the op's error) a RuntimeError that
+                # names both.
+                c.true(isinstance(exc, Alarm) or "stopped waiting" in str(exc)
+                       or "Alarm" in str(exc), f"the alarm stopped the wait: {exc!r}")
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+            c.true(time.monotonic() - start < 2.5,
+                   f"stopped after {time.monotonic() - start:.1f} s, not when the peers came")
+        in_graph(body)
+    else:
+        time.sleep(3)  # late: rank 0's alarm goes off meanwhile
+        hvd.allreduce(tf.ones([2]), name="late", op=hvd.Sum)
+    in_graph(lambda s: c.close(s.run(hvd.allreduce(tf.ones([2]), op=hvd.Sum)),
+                               np.full(2, size), "a graph after the interrupted one"))
+
+
 def main() -> None:
     quiet_tensorflow()
     hvd.init()
@@ -135,6 +176,7 @@ def main() -> None:
     check_errors(c, rank, size)
     check_variables(c, rank, size)
     check_sparse_average(c, rank, size)
+    check_interrupt(c, rank, size)
     ok(rank, size, c, "graph")
 
 
