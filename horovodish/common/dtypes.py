@@ -13,6 +13,7 @@ from .messages import ReduceOp
 _NUMPY: dict[str, np.dtype] = {
     "uint8": np.dtype(np.uint8),
     "int8": np.dtype(np.int8),
+    "uint16": np.dtype(np.uint16),
     "int16": np.dtype(np.int16),
     "int32": np.dtype(np.int32),
     "int64": np.dtype(np.int64),

@@ -9,6 +9,13 @@ class HorovodInternalError(RuntimeError):
     """A collective failed: a mismatch across ranks, a lost rank, or a shutdown in flight."""
 
 
+class RankMismatchError(HorovodInternalError):
+    """The ranks disagreed on a collective (shape, dtype, op, root rank, splits, scale
+    factors, device): every rank's handle fails with it, naming the tensor and what
+    differed. A mistake in the script rather than a lost rank, so adapters can tell it
+    apart (TensorFlow raises it as FailedPreconditionError, as Horovod does)."""
+
+
 class HostsUpdatedInterrupt(RuntimeError):
     """Raised by elastic training when the set of hosts changed (kept for API parity)."""
 

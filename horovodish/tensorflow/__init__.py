@@ -10,8 +10,8 @@ see docs/tensorflow.md.
 from ..common.api import *  # noqa: F401,F403  (the names every adapter shares)
 from . import elastic
 from .compression import Compression
-from .functions import (allgather_object, broadcast_object, broadcast_object_fn,
-                        broadcast_variables)
+from .functions import (allgather_object, broadcast_global_variables, broadcast_object,
+                        broadcast_object_fn, broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
                       barrier, broadcast, broadcast_, grouped_allgather, grouped_allreduce,
@@ -19,6 +19,7 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allred
 from .optimizer import DistributedOptimizer
 from .rank_ops import (local_rank_op, local_size_op, process_set_included_op, rank_op,
                        size_op)
+from .util import _executing_eagerly  # Horovod's scripts and tests call hvd._executing_eagerly
 
 
 def __getattr__(name: str) -> object:

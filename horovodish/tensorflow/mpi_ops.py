@@ -3,7 +3,8 @@
 Floating-point results are differentiable (tf.custom_gradient), with Horovod's gradients:
 allreduce -> allreduce with the same op and scale factors; allgather -> the averaged
 gradient, this rank's rows; broadcast -> the averaged gradient on the root, zeros
-elsewhere; reducescatter -> an allgather; alltoall -> the reverse alltoall.
+elsewhere; reducescatter -> an allgather (times size for Sum); alltoall -> the reverse
+alltoall.
 ``device_dense``/``device_sparse`` are accepted for compatibility: tensors are staged
 through host memory, whatever device they live on.
 """
@@ -82,7 +83,11 @@ def _allreduce(tensors: list[tf.Tensor], op: ReduceOp, prescale: float, postscal
 def _sparse_allreduce(slices: tf.IndexedSlices, op: ReduceOp, prescale: float,
                       postscale: float, name: str | None,
                       process_set: ProcessSet) -> tf.IndexedSlices:
-    """Allgather of values and indices: duplicates add up when the slices are applied."""
+    """Allgather of values and indices: duplicates add up when the slices are applied.
+    Average divides the values by the number of ranks as Horovod does, with TensorFlow's
+    true division: integer values come back floating (uint8 as float32, int32 as
+    float64). Scale factors are for DistributedGradientTape's predivide factor only (the
+    public allreduce refuses them for IndexedSlices, as Horovod's does)."""
     if op not in (Sum, Average):
         raise NotImplementedError(
             f"allreduce of IndexedSlices '{name or 'unnamed'}': only Sum and Average are "
@@ -91,8 +96,18 @@ def _sparse_allreduce(slices: tf.IndexedSlices, op: ReduceOp, prescale: float,
     names = [f"{name}.values", f"{name}.indices"] if name else None
     values, indices = grouped_allgather([slices.values, slices.indices], name=None,
                                         process_set=process_set, _names=names)
-    factor = prescale * postscale / (process_set.size() if op == Average else 1)
-    return tf.IndexedSlices(_scale([values], factor)[0], indices, slices.dense_shape)
+    values = _scale([values], prescale * postscale)[0]
+    if op == Average:
+        values = values / tf.constant(process_set.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, slices.dense_shape)
+
+
+def _refuse_sparse_scaling(prescale: float, postscale: float, name: str | None) -> None:
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotImplementedError(
+            f"allreduce of IndexedSlices '{name or 'unnamed'}': prescale_factor and "
+            "postscale_factor are not supported for IndexedSlices (as in Horovod); scale "
+            "the values yourself, or pass sparse_as_dense=True.")
 
 
 @public
@@ -107,6 +122,8 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     op = _resolve_op(average, op)
     process_set = core.resolve(process_set)
     if isinstance(tensor, tf.IndexedSlices):
+        if op in (Sum, Average):
+            _refuse_sparse_scaling(prescale_factor, postscale_factor, name)
         return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name,
                                  process_set)
     compressed, ctx = compression.compress(_tensors([tensor], "allreduce")[0])
@@ -129,6 +146,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
     results: list[Any] = list(tensors)
     for i, tensor in enumerate(tensors):
         if i not in dense:
+            if op in (Sum, Average):
+                _refuse_sparse_scaling(prescale_factor, postscale_factor, name)
             results[i] = _sparse_allreduce(tensor, op, prescale_factor, postscale_factor,
                                            f"{name}.{i}" if name else None, process_set)
     packed = [compression.compress(t) for t in _tensors([tensors[i] for i in dense],
@@ -176,7 +195,14 @@ def _broadcast(tensors: list[tf.Tensor], root_rank: int, names: list[str],
     def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
         reduced = _allreduce(dys, Average, 1.0, 1.0,
                              op_names(None, dys, "broadcast.grad", process_set), process_set)
-        return reduced if api.rank() == root_rank else [tf.zeros_like(g) for g in reduced]
+        if api.rank() == root_rank:
+            return reduced
+        # Zeros that still depend on the allreduce: in a graph, tf.zeros_like of a static
+        # shape is a constant, so a session fetching this gradient skipped the allreduce
+        # (and the collectives chained before it) on non-root ranks only, and the root
+        # waited for good.
+        with tf.control_dependencies(reduced):
+            return [tf.zeros_like(g) for g in reduced]
     return _differentiable(lambda xs: ops.broadcast(xs, names, root_rank, process_set),
                            backward, tensors)
 
@@ -195,14 +221,19 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
 @public
 def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> list[Any]:
-    """In place: assign root_rank's values to the variables (tf.Variable or keras.Variable)."""
+    """In place: assign root_rank's values to the variables (tf.Variable, a tf.compat.v1
+    RefVariable or keras.Variable); returns their new values, as Horovod does. In a graph
+    the assignments happen when a session runs those values."""
     process_set = core.resolve(process_set)
     variables = list(variables)
     values = _tensors(variables, "broadcast_")
     names = op_names(name, values, "broadcast", process_set)
+    results = []
     for variable, value in zip(variables, ops.broadcast(values, names, root_rank, process_set)):
-        variable.assign(value)
-    return variables
+        assigned = variable.assign(value)  # in a graph: the value once assigned
+        results.append(tf.convert_to_tensor(variable) if tf.executing_eagerly()
+                       else tf.identity(assigned))
+    return results
 
 
 # -- alltoall ------------------------------------------------------------------------------
@@ -245,7 +276,9 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     packed = [compression.compress(t) for t in _tensors(tensors, "reducescatter")]
     inputs = [p[0] for p in packed]
     names = op_names(name, inputs, "reducescatter", process_set)
-    factor = prescale_factor * postscale_factor / (process_set.size() if op == Average else 1)
+    # Horovod's gradient: the allgather of the upstream gradients, times size for Sum (so
+    # size times the exact gradient of the ranks' summed losses, for Sum and Average alike).
+    factor = prescale_factor * postscale_factor * (process_set.size() if op == Sum else 1)
 
     def backward(dys: list[tf.Tensor], _: list[tf.Tensor]) -> list[tf.Tensor]:
         gathered = grouped_allgather(dys, process_set=process_set, _names=op_names(
@@ -276,6 +309,7 @@ def join() -> tf.Tensor:
 
 
 @public
-def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Block until every rank (of the set) reaches the barrier."""
-    ops.barrier(core.resolve(process_set))
+def barrier(process_set: ProcessSet = global_process_set) -> Any:
+    """Block until every rank (of the set) reaches the barrier. In a tf.compat.v1 graph
+    this returns the op, which waits when a session runs it (as Horovod's does)."""
+    return ops.barrier(core.resolve(process_set))

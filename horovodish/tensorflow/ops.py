@@ -1,14 +1,18 @@
 """Raw collectives: the one place TensorFlow tensors meet the core (numpy in, numpy out).
 
 Eager tensors go straight to the core, with no op built (the cheapest path). Inside
-tf.function each call becomes one stateful ``tf.numpy_function`` whose body submits to the
-core and waits, blocking a TensorFlow thread meanwhile. So every rank must reach its
-collectives in the same order: each op gets a control dependency on the collective built
-before it in the same graph. (The backward function TensorFlow builds when an eager tape
-differentiates a tf.function has no automatic control dependencies: there the gradients'
-collectives ran in whatever order each rank's executor picked, each rank blocked on one
-the others had not reached, and the job hung.) The chain is per graph: calls of inner
-tf.functions are not ordered by it (docs/tensorflow.md). No gradients here (see mpi_ops.py).
+tf.function (or a ``tf.compat.v1`` graph) each call becomes one ``tf.py_function``
+(stateful) whose body submits to the core and waits, blocking a TensorFlow thread
+meanwhile. So every rank must reach its collectives in the same order: each op gets a
+control dependency on the collective built before it in the same graph. (The backward
+function TensorFlow builds when an eager tape differentiates a tf.function has no
+automatic control dependencies: there the gradients' collectives ran in whatever order
+each rank's executor picked, each rank blocked on one the others had not reached, and
+the job hung. In a tf.compat.v1 session, several independent collectives fetched at once
+hung the same way, each rank's few executor threads blocked on different ones.) So a
+session that runs a collective runs every collective built before it in that graph.
+The chain is per graph: calls of inner tf.functions are not ordered by it
+(docs/tensorflow.md). No gradients here (see mpi_ops.py).
 """
 from __future__ import annotations
 
@@ -18,12 +22,14 @@ import numpy as np
 import tensorflow as tf
 
 from ..common.api import collectives as core
-from ..common.runtime.handles import Handle
-from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet
+from ..common.errors import RankMismatchError
+from ..common.messages import ReduceOp
+from ..common.runtime.handles import Handle
+from . import errors, interrupts
 
-_SUPPORTED = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
-              tf.float32, tf.float64, tf.bool)
+_SUPPORTED = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
+              tf.bfloat16, tf.float32, tf.float64, tf.bool)
 
 
 def check_dtype(tensor: Any, opname: str) -> None:
@@ -51,7 +57,9 @@ def wait_all(handles: Sequence[Handle]) -> list[Any]:
     results, error = [], None
     for handle in handles:
         try:
-            results.append(handle.wait())
+            results.append(interrupts.wait(handle))
+        except interrupts.Interrupted:
+            raise  # the caller is to stop waiting at once
         except Exception as exc:  # noqa: BLE001 - re-raised below
             results.append(None)
             error = error or exc
@@ -88,16 +96,31 @@ def _host_view(tensor: Any) -> np.ndarray:
 
 
 def run(body: Callable[..., list[np.ndarray]], tensors: Sequence[Any],
-        out_dtypes: Sequence[tf.DType], opname: str) -> list[tf.Tensor]:
-    """body(*numpy arrays) -> numpy arrays, eagerly or as one graph op."""
+        out_dtypes: Sequence[tf.DType], opname: str) -> list[Any]:
+    """body(*numpy arrays) -> numpy arrays, eagerly or as one graph op, failing with
+    Horovod's error types (errors.py). In a graph, an op with no outputs is returned
+    itself (a tf.compat.v1 session runs it)."""
     if tf.executing_eagerly():
-        return [to_tensor(out) for out in body(*[_host_view(t) for t in tensors])]
+        try:
+            outs = body(*[_host_view(t) for t in tensors])
+        except Exception as exc:
+            translated = errors.eager_error(exc)
+            if translated is exc:
+                raise
+            raise translated from None
+        return [to_tensor(out) for out in outs]
     _require_xla_free(opname)
+    interrupts.install()
     traced = _listing([t.name for t in tensors])
 
-    def graph_body(*arrays: np.ndarray) -> list[np.ndarray]:
+    def graph_body(*inputs: tf.Tensor) -> list[Any]:
         try:
-            return body(*[np.asarray(a) for a in arrays])
+            return [to_tensor(out) for out in body(*[_host_view(t) for t in inputs])]
+        except RankMismatchError as exc:
+            if out_dtypes:
+                return errors.graph_failure(f"{exc} [tf.function tensors: {traced}]",
+                                            len(out_dtypes))
+            raise
         except Exception as exc:
             # Add the graph tensors: the core's names for traced ops are counters.
             try:
@@ -108,12 +131,14 @@ def run(body: Callable[..., list[np.ndarray]], tensors: Sequence[Any],
     graph = tf.compat.v1.get_default_graph()
     previous = getattr(graph, "_horovodish_last_collective", None)
     with tf.control_dependencies([previous] if previous is not None else []):
-        outs = tf.numpy_function(graph_body, list(tensors), list(out_dtypes), stateful=True,
-                                 name=f"Horovodish{opname.title().replace('_', '')}")
+        # tf.py_function, not tf.numpy_function: only its kernel can fail with
+        # FailedPrecondition (see errors.graph_failure).
+        outs = tf.py_function(graph_body, list(tensors), list(out_dtypes),
+                              name=f"Horovodish{opname.title().replace('_', '')}")
     # On the graph itself (a reference cycle the collector frees with it), not in a table
     # keyed by graph, which the op would keep alive.
     graph._horovodish_last_collective = outs[0].op if out_dtypes else outs
-    return list(outs) if out_dtypes else []  # no outputs: numpy_function gives the op
+    return list(outs) if out_dtypes else [outs]  # no outputs: py_function gives the op
 
 
 def _listing(names: list[str], shown: int = 8) -> str:
@@ -201,8 +226,8 @@ def alltoall(tensor: Any, splits: Any, name: str,
         def allocate(shape: tuple[int, ...]) -> np.ndarray:
             kept.append(empty(shape, array.dtype))
             return kept[-1]
-        out, received = core.alltoall_async(array, parts, allocate, name, "cpu",
-                                            process_set).wait()
+        out, received = interrupts.wait(core.alltoall_async(array, parts, allocate, name,
+                                                            "cpu", process_set))
         return [out, np.asarray(received, np.int32)]
 
     inputs = [tensor] + ([split_tensor] if split_tensor is not None else [])
@@ -241,12 +266,15 @@ def reducescatter(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, pr
 
 def join() -> tf.Tensor:
     """The last rank to join, once every rank has."""
-    body = lambda: [np.asarray(core.join_async().wait(), np.int32)]  # noqa: E731
+    body = lambda: [np.asarray(interrupts.wait(core.join_async()), np.int32)]  # noqa: E731
     return _set_shapes(run(body, [], [tf.int32], "join"), [[]])[0]
 
 
-def barrier(process_set: ProcessSet) -> None:
+def barrier(process_set: ProcessSet) -> Any:
+    """In a tf.compat.v1 graph, the op for a session to run; else None (eagerly done on
+    return; inside tf.function run in program order, and a function may not return it)."""
     def body() -> list[np.ndarray]:
-        core.barrier_async(process_set).wait()
+        interrupts.wait(core.barrier_async(process_set))
         return []
-    run(body, [], [], "barrier")
+    built = run(body, [], [], "barrier")
+    return built[0] if built and not tf.inside_function() else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import HorovodInternalError
+from ..errors import HorovodInternalError, RankMismatchError
 from ..dtypes import FLOATING, numpy_dtype
 from ..messages import ReduceOp, RequestType, Response
 from ..runtime.entry import Entry, finish_all
@@ -49,7 +49,7 @@ class Executor:
         it has none); failures go to the group's handles, not the caller."""
         first = group[0]
         if first.error is not None:
-            _fail(mine, HorovodInternalError(first.error))
+            _fail(mine, RankMismatchError(first.error))
             return
         timeline = self.timeline
         if timeline is not None:

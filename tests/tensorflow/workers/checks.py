@@ -23,7 +23,7 @@ def data(rank: int, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray
     gen = np.random.default_rng(zlib.crc32(f"{name}/{rank}".encode()))
     if dtype == "bool":
         return gen.integers(0, 2, shape).astype(bool)
-    low = 0 if dtype == "uint8" else -3
+    low = 0 if dtype.startswith("uint") else -3
     values = gen.integers(low, 4, shape)
     if dtype == "bfloat16":
         import ml_dtypes

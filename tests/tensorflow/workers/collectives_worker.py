@@ -13,7 +13,7 @@ import tensorflow as tf  # noqa: E402  (checks quiets TF first)
 
 import horovodish.tensorflow as hvd  # noqa: E402
 
-DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+DTYPES = ["uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "bfloat16", "float32",
           "float64", "bool"]
 FLOATS = {"float16", "bfloat16", "float32", "float64"}
 OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
@@ -169,9 +169,9 @@ def check_gradients(c: Checker, rank: int, size: int) -> None:
         parts["allgather"] = tf.reduce_sum(tf.constant(weights(rank, "w_ag", (total_ag, 2)))
                                            * gathered)
         parts["broadcast"] = tf.reduce_sum(w_ar * hvd.broadcast(x_ar, root))
-        scattered = hvd.reducescatter(x_rs, op=hvd.Average)
-        parts["reducescatter"] = tf.reduce_sum(
-            tf.constant(weights(rank, "w_rs", rs_rows(rank))) * scattered)
+        w_rs = tf.constant(weights(rank, "w_rs", rs_rows(rank)))
+        parts["reducescatter"] = tf.reduce_sum(w_rs * hvd.reducescatter(x_rs, op=hvd.Average))
+        parts["reducescatter Sum"] = tf.reduce_sum(w_rs * hvd.reducescatter(x_rs, op=hvd.Sum))
         sent, _ = hvd.alltoall(x_a2a, splits=splits_of(rank, size))
         parts["alltoall"] = tf.reduce_sum(tf.constant(weights(rank, "w_a2a", a2a_rows(rank)))
                                           * sent)
@@ -188,7 +188,7 @@ def check_gradients(c: Checker, rank: int, size: int) -> None:
     def grads(x_ar, x_ag, x_rs, x_a2a, x_even):
         out = {}
         for key in ("Sum", "Average", "scaled", "grouped", "allgather", "broadcast",
-                    "reducescatter", "alltoall", "alltoall even"):
+                    "reducescatter", "reducescatter Sum", "alltoall", "alltoall even"):
             with tf.GradientTape() as tape:
                 tape.watch([x_ar, x_ag, x_rs, x_a2a, x_even])
                 loss = losses(x_ar, x_ag, x_rs, x_a2a, x_even)[key]
@@ -204,7 +204,10 @@ def check_gradients(c: Checker, rank: int, size: int) -> None:
     offset = sum(r + 1 for r in range(rank))
     want["allgather"] = np.mean(every_w("w_ag", lambda r: (total_ag, 2)), 0)[
         offset:offset + rank + 1]
-    want["reducescatter"] = np.concatenate(every_w("w_rs", rs_rows)) / size
+    # Horovod's reducescatter gradient: the allgather of the upstream gradients, times
+    # size for Sum (size times the exact gradient of the summed losses, either op).
+    want["reducescatter"] = np.concatenate(every_w("w_rs", rs_rows))
+    want["reducescatter Sum"] = np.concatenate(every_w("w_rs", rs_rows)) * size
     w_a2a = every_w("w_a2a", a2a_rows)
     blocks = []
     for dest in range(size):
@@ -289,29 +292,50 @@ def check_eager_tape_over_tf_function(c: Checker, rank: int, size: int) -> None:
 
 # -- errors, sparse, compression, variables, objects ---------------------------------------
 def check_mismatch(c: Checker, rank: int, size: int) -> None:
-    if size == 1:
-        return  # nothing to disagree with
-    shape = (2,) if rank == 0 else (3,)
-    exc = c.raises(lambda: hvd.allreduce(tf.ones(shape), name="mismatched.shape"),
-                   hvd.HorovodInternalError, "mismatched.shape", "eager shape mismatch")
-    c.true("shape" in str(exc), f"message says what differs: {exc}")
-    dtype = tf.float32 if rank == 0 else tf.float64
-    c.raises(lambda: hvd.allreduce(tf.ones(2, dtype), name="mismatched.dtype"),
-             hvd.HorovodInternalError, "mismatched.dtype", "eager dtype mismatch")
-    c.close(hvd.allreduce(tf.ones(2), op=hvd.Sum).numpy(), np.full(2, size),
-            "allreduce after a mismatch")
+    """Horovod's error types, eagerly and in tf.function: FailedPreconditionError where the
+    ranks disagree (still a HorovodInternalError eagerly), InvalidArgumentError for a bad
+    argument (still a ValueError eagerly); the message names the tensor and what differed."""
+    if size > 1:
+        shape = (2,) if rank == 0 else (3,)
+        exc = c.raises(lambda: hvd.allreduce(tf.ones(shape), name="mismatched.shape"),
+                       tf.errors.FailedPreconditionError, "mismatched.shape",
+                       "eager shape mismatch")
+        c.true(isinstance(exc, hvd.HorovodInternalError), f"still ours: {type(exc)}")
+        c.true("shape" in str(exc), f"message says what differs: {exc}")
+        dtype = tf.float32 if rank == 0 else tf.float64
+        c.raises(lambda: hvd.allreduce(tf.ones(2, dtype), name="mismatched.dtype"),
+                 tf.errors.FailedPreconditionError, "mismatched.dtype", "eager dtype mismatch")
+        c.raises(lambda: hvd.broadcast(tf.ones(2), rank, name="mismatched.root"),
+                 tf.errors.FailedPreconditionError, "root rank", "eager root mismatch")
+        c.raises(lambda: hvd.alltoall(tf.ones([size, rank + 1]), name="mismatched.a2a"),
+                 tf.errors.FailedPreconditionError, "after the first dimension",
+                 "eager alltoall mismatch")
+        c.close(hvd.allreduce(tf.ones(2), op=hvd.Sum).numpy(), np.full(2, size),
+                "allreduce after a mismatch")
 
-    @tf.function
-    def unnamed(x):
-        return hvd.allreduce(x, op=hvd.Sum)
-    exc = c.raises(lambda: unnamed(tf.ones(shape)), tf.errors.OpError, "HorovodInternalError",
-                   "graph shape mismatch")
-    c.true("allreduce.graph0" in str(exc), f"graph error names the tensor: {exc}")
-    c.close(unnamed(tf.ones(2)).numpy(), np.full(2, size), "graph allreduce after a mismatch")
+        @tf.function
+        def unnamed(x):
+            return hvd.allreduce(x, op=hvd.Sum)
+        exc = c.raises(lambda: unnamed(tf.ones(shape)), tf.errors.FailedPreconditionError,
+                       "HorovodInternalError", "graph shape mismatch")
+        c.true("allreduce.graph0" in str(exc) and "disagree on the shape" in str(exc),
+               f"graph error names the tensor and what differed: {exc}")
+        c.close(unnamed(tf.ones(2)).numpy(), np.full(2, size),
+                "graph allreduce after a mismatch")
+        c.raises(lambda: hvd.alltoall(tf.ones([size + 1])), tf.errors.InvalidArgumentError,
+                 "not divisible", "eager alltoall without splits, rows not divisible")
+        c.raises(lambda: tf.function(hvd.alltoall)(tf.ones([size + 1])),
+                 tf.errors.InvalidArgumentError, "not divisible",
+                 "tf.function alltoall without splits, rows not divisible")
+    exc = c.raises(lambda: hvd.broadcast(tf.ones(2), size), tf.errors.InvalidArgumentError,
+                   "out of range", "eager root out of range")
+    c.true(isinstance(exc, ValueError), f"still a ValueError: {type(exc)}")
     c.raises(lambda: hvd.allgather(tf.constant(1.0)), ValueError, "0-dim",
              "allgather of a scalar")
     c.raises(lambda: hvd.allreduce(tf.constant(["a"])), TypeError, "not supported",
              "string dtype")
+    c.true(hvd._executing_eagerly() and not tf.function(hvd._executing_eagerly)(),
+           "hvd._executing_eagerly")
 
 
 def check_sparse_and_compression(c: Checker, rank: int, size: int) -> None:
@@ -325,10 +349,27 @@ def check_sparse_and_compression(c: Checker, rank: int, size: int) -> None:
     sparse = tf.IndexedSlices(tf.constant(values), tf.constant(indices), tf.constant([10, 2]))
     for label, op, want in (("Average", hvd.Average, np.mean(every, 0)),
                             ("Sum", hvd.Sum, np.sum(every, 0))):
-        reduced = hvd.allreduce(sparse, op=op)
-        c.true(isinstance(reduced, tf.IndexedSlices), f"sparse {label} stays IndexedSlices")
-        c.close(tf.convert_to_tensor(reduced).numpy(), want, f"sparse allreduce {label}",
-                "float32")
+        for mode, fn in (("eager", hvd.allreduce), ("graph", tf.function(hvd.allreduce))):
+            reduced = fn(sparse, op=op)
+            c.true(isinstance(reduced, tf.IndexedSlices), f"sparse {label} stays IndexedSlices")
+            c.close(tf.convert_to_tensor(reduced).numpy(), want,
+                    f"{mode} sparse allreduce {label}", "float32")
+    # Horovod's integer Average: the values divided by size with true division (uint8
+    # comes back float32, int32 float64), not rounded in the integer dtype.
+    for dtype, want_dtype in (("uint8", "float32"), ("int32", "float64")):
+        ints = tf.IndexedSlices(tf.constant(np.full((1, 3), rank + 1), dtype), tf.constant([0]),
+                                tf.constant([1, 3]))
+        for mode, fn in (("eager", hvd.grouped_allreduce),
+                         ("graph", tf.function(hvd.grouped_allreduce))):
+            reduced = fn([ints], op=hvd.Average)[0]
+            c.true(reduced.values.dtype.name == want_dtype,
+                   f"{mode} sparse Average of {dtype}: {reduced.values.dtype.name}")
+            c.close(tf.reduce_sum(reduced.values, 0).numpy(),
+                    np.full(3, sum(r + 1 for r in range(size)) / size),
+                    f"{mode} sparse Average of {dtype}")
+    for kwargs in ({"prescale_factor": 0.5}, {"postscale_factor": 2.0}):
+        c.raises(lambda: hvd.allreduce(sparse, op=hvd.Sum, **kwargs), NotImplementedError,
+                 "IndexedSlices", f"sparse allreduce with {kwargs}")
     x = data(rank, "comp", (4, 3), "float32") / 7
     want = np.mean([data(r, "comp", (4, 3), "float32") / 7 for r in range(size)], 0)
     for label, compression, tol in (("fp16", hvd.Compression.fp16, 2e-3),
@@ -351,10 +392,14 @@ def check_variables_and_objects(c: Checker, rank: int, size: int) -> None:
     tf_var.assign(np.full(3, rank, np.float32))
 
     @tf.function
-    def broadcast_in_place() -> None:
-        hvd.broadcast_([tf_var], 0)
-    broadcast_in_place()
+    def broadcast_in_place():
+        return hvd.broadcast_([tf_var], 0)
+    c.close(broadcast_in_place()[0].numpy(), np.zeros(3), "broadcast_ in tf.function returns")
     c.close(tf_var.numpy(), np.zeros(3), "broadcast_ in tf.function")
+    tf_var.assign(np.full(3, rank, np.float32))
+    c.close(hvd.broadcast_([tf_var, keras_var], root)[0].numpy(), np.full(3, root),
+            "broadcast_ returns the values")
+    c.close(tf_var.numpy(), np.full(3, root), "broadcast_ eagerly")
     c.true(hvd.broadcast_object({"from": rank}, root_rank=root) == {"from": root},
            "broadcast_object")
     c.true(hvd.allgather_object(rank * 10) == [r * 10 for r in range(size)], "allgather_object")
