@@ -63,6 +63,7 @@ from .compression import Compression
 from .functions import load_state_in_place
 from .sparse import sparse_allreduce_async, sparse_zeros
 from .tracked import check_tracked
+from .zero import _ShardedOptimizer, sharded_class
 
 _STATS_KEPT = 1000
 
@@ -396,6 +397,31 @@ def _adasum_optimizer(optimizer: torch.optim.Optimizer,
     return wrapped
 
 
+def _sharded_optimizer(optimizer: torch.optim.Optimizer,
+                       named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                       compression: Any, backward_passes_per_step: int, op: ReduceOp,
+                       predivide: float, groups: Any, process_set: ProcessSet,
+                       bucket_cap_mb: float, buffer_sync: Callable[[], None] | None,
+                       stage: int) -> Any:
+    if stage not in (1, 2):
+        raise ValueError(f"zero_stage must be 1 or 2, not {stage}")
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError("shard_optimizer_state=True supports op=Average or Sum")
+    if groups:
+        raise ValueError("shard_optimizer_state=True makes its own buckets; groups= does "
+                         "not apply (use bucket_cap_mb=)")
+    if isinstance(optimizer, (_DistributedOptimizer, _ShardedOptimizer)):
+        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
+                         "torch optimizer once")
+    names = _parameter_names(optimizer, named_parameters)
+    cls = sharded_class(type(optimizer))
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
+    wrapped._zero_setup(names, stage, compression, backward_passes_per_step, op,
+                        float(predivide), process_set, bucket_cap_mb, buffer_sync)
+    return wrapped
+
+
 # Our step() already runs inside the wrapped class's hooked step (via super()), so torch
 # must not wrap it again when it re-patches classes in load_state_dict/__setstate__.
 _DistributedOptimizer.step.hooked = True  # type: ignore[attr-defined]
@@ -487,7 +513,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          process_set: ProcessSet = global_process_set,
                          bucket_cap_mb: float = 25.0,
                          buffer_sync: Callable[[], None] | None = None,
-                         gradient_as_bucket_view: bool = True) -> Any:
+                         gradient_as_bucket_view: bool = True,
+                         shard_optimizer_state: bool = False, zero_stage: int = 2) -> Any:
     """Wrap ``optimizer`` so that step() uses gradients reduced over all ranks.
 
     Horovod's arguments, plus (beyond Horovod) ``bucket_cap_mb`` (learned bucket order:
@@ -495,8 +522,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     run after every step, e.g. ``hvd.BufferSync(model)``) and ``gradient_as_bucket_view``
     (default True: reduced gradients are installed as views of the runtime's result
     blocks, saving a copy; False reduces into the existing gradient tensors, as Horovod
-    and DDP's default do, for code that holds on to ``param.grad`` across ``step()``). See the module docstring for
-    the contract and an example.
+    and DDP's default do, for code that holds on to ``param.grad`` across ``step()``),
+    ``shard_optimizer_state`` (ZeRO: each rank keeps 1/N of the optimizer state and
+    steps only its shard; see horovodish/torch/zero.py) with ``zero_stage`` 2 (default:
+    gradients are reduce-scattered, each rank keeps its shard of them) or 1 (gradients
+    are allreduced, ``param.grad`` is the averaged gradient). See the module docstring
+    for the contract and an example.
     """
     op = ReduceOp(op)
     if op not in (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM):
@@ -504,6 +535,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          f"{op.name.capitalize()}")
     if gradient_predivide_factor != 1.0 and op != ReduceOp.AVERAGE:
         raise ValueError("gradient_predivide_factor is only supported with op=Average")
+    if shard_optimizer_state:
+        return _sharded_optimizer(optimizer, named_parameters, compression,
+                                  backward_passes_per_step, op, gradient_predivide_factor,
+                                  groups or num_groups, process_set, bucket_cap_mb,
+                                  buffer_sync, zero_stage)
+    if zero_stage != 2:
+        raise ValueError("zero_stage applies to shard_optimizer_state=True only")
     if op == ReduceOp.ADASUM:
         unsupported = [name for name, given in (
             ("groups", groups is not None or num_groups), ("sparse_as_dense", sparse_as_dense),
@@ -514,7 +552,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                              "parameter's delta on its own, after the local step.")
         return _adasum_optimizer(optimizer, named_parameters, compression,
                                  backward_passes_per_step, process_set)
-    if isinstance(optimizer, _DistributedOptimizer):
+    if isinstance(optimizer, (_DistributedOptimizer, _ShardedOptimizer)):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
                          "torch optimizer once")
     if num_groups:
