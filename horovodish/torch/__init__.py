@@ -7,6 +7,8 @@
 from ..common.api import *  # noqa: F401,F403  (the names every adapter shares)
 from . import elastic
 from .compression import Compression
+from .comm_hooks import GradBucket, allreduce_hook, bf16_compress_hook, fp16_compress_hook
+from .powersgd import PowerSGDState, powersgd_hook
 from .buffers import BufferSync, sync_buffers
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)

@@ -214,6 +214,11 @@ class _ShardedOptimizer:
         self._zero_next_step()
         self._zero_synchronized = True
 
+    def register_comm_hook(self, state: Any, hook: Callable[..., Any]) -> None:
+        raise ValueError("register_comm_hook does not apply with shard_optimizer_state=True: "
+                         "gradients are reduce-scattered, not allreduced. For fewer bytes "
+                         "use compression=hvd.Compression.fp16 or .bf16.")
+
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """For ``synchronize(); clip_grad_norm_(...); with skip_synchronize(): step()``."""
