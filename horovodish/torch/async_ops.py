@@ -309,7 +309,8 @@ def allgather_into_async(tensor: torch.Tensor, output: torch.Tensor, name: str |
                          process_set: ProcessSet = global_process_set) -> int:
     """allgather into a given contiguous output of the gathered shape (beyond Horovod):
     the sharded optimizer gathers updated shards straight into the flat parameters.
-    output must not overlap tensor. synchronize returns output."""
+    tensor may be this rank's part of output (then gathered in place); otherwise it
+    must not overlap output. synchronize returns output."""
     check_tensor(tensor, "allgather")
     if tensor_views.staged(output):  # via host memory, then into output
         handle = grouped_allgather_async([tensor], name, process_set)

@@ -89,7 +89,12 @@ class _Bucket:
                     param.data = view
 
     def gradient(self) -> torch.Tensor:
-        """The bucket's gradients packed in one flat tensor (zeros where none)."""
+        """The bucket's gradients packed in one flat tensor (zeros where none); a lone
+        gradient is sent as it is."""
+        grad = self.params[0].grad
+        if len(self.params) == 1 and grad is not None and not grad.is_sparse and \
+                grad.is_contiguous():
+            return grad.reshape(-1)
         parts = []
         for param in self.params:
             grad = param.grad
@@ -258,8 +263,8 @@ class _ShardedOptimizer:
                 bucket.shard.grad = None
             if self._zero_stage == 2:
                 bucket.reduced = None
-            # A copy to send: the allgather writes this rank's range of flat too.
-            gathers.append(allgather_into_async(bucket.shard.clone(), bucket.flat,
+            # The shard is this rank's part of flat: gathered in place.
+            gathers.append(allgather_into_async(bucket.shard, bucket.flat,
                                                 name=bucket.gather_name,
                                                 process_set=self._zero_process_set))
         for handle in gathers:
