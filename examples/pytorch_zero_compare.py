@@ -42,11 +42,11 @@ import horovodish.torch as hvd
 WIDTHS = [1024, 4096, 4096, 1024, 10]
 
 
-def make_mlp() -> nn.Module:
+def make_mlp(widths: list[int] = WIDTHS) -> nn.Module:
     torch.manual_seed(0)
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(WIDTHS, WIDTHS[1:])):
-        layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(WIDTHS) - 2 else [])
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(widths) - 2 else [])
     return nn.Sequential(*layers)
 
 
@@ -60,9 +60,9 @@ def init_gloo() -> None:
                             rank=hvd.rank(), world_size=hvd.size())
 
 
-def build(kind: str, lr: float) -> tuple[nn.Module, Callable[[], Any], Any]:
+def build(kind: str, lr: float, widths: list[int]) -> tuple[nn.Module, Callable[[], Any], Any]:
     """(model to read weights from, callable to run forward on, optimizer)."""
-    model = make_mlp()
+    model = make_mlp(widths)
     if kind == "torch-zero":
         ddp = DistributedDataParallel(model)
         return model, ddp, ZeroRedundancyOptimizer(ddp.parameters(),
@@ -96,17 +96,20 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--compile", action="store_true",
                         help="also time replicated on torch.compile(model)")
+    parser.add_argument("--widths", default=",".join(map(str, WIDTHS)),
+                        help="the MLP's layer widths")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per rank (default: cores / ranks per host)")
     args = parser.parse_args()
+    widths = [int(w) for w in args.widths.split(",")]
 
     hvd.init()
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
     init_gloo()
     kinds = ["replicated", "sharded", "torch-zero"] + (["compiled"] if args.compile else [])
     gen = torch.Generator().manual_seed(1 + hvd.rank())
-    data = torch.randn(args.batch_size, WIDTHS[0], generator=gen)
-    target = torch.randint(0, WIDTHS[-1], (args.batch_size,), generator=gen)
+    data = torch.randn(args.batch_size, widths[0], generator=gen)
+    target = torch.randint(0, widths[-1], (args.batch_size,), generator=gen)
 
     def step(forward: Any, optimizer: Any, sample: Callable[[], None] = lambda: None) -> None:
         optimizer.zero_grad()
@@ -125,14 +128,14 @@ def main() -> None:
         def sample() -> None:
             nonlocal peak
             peak = max(peak, rss())
-        model, forward, optimizer = build(kind, 1e-4)
+        model, forward, optimizer = build(kind, 1e-4, widths)
         for _ in range(3):
             step(forward, optimizer, sample)
         peaks[kind] = peak - before
         del model, forward, optimizer
     release()
 
-    contenders = {kind: build(kind, 1e-4) for kind in kinds}
+    contenders = {kind: build(kind, 1e-4, widths) for kind in kinds}
 
     def run(kind: str, steps: int) -> float:
         """Seconds per step, between two barriers so that all ranks agree."""
@@ -157,18 +160,18 @@ def main() -> None:
     if hvd.rank() == 0:
         params = sum(p.numel() for p in contenders["replicated"][0].parameters())
         print(f"ranks: {hvd.size()}, threads per rank: {torch.get_num_threads()}, "
-              f"MLP {'-'.join(map(str, WIDTHS))} ({params / 1e6:.1f}M parameters), Adam, "
+              f"MLP {'-'.join(map(str, widths))} ({params / 1e6:.1f}M parameters), Adam, "
               f"batch {args.batch_size} per rank, {args.rounds} rounds of {args.steps} steps",
               flush=True)
         for kind in kinds:
             values = times[kind]
             ratio = statistics.median(t / r for t, r in zip(values, times["replicated"]))
-            memory = ", ".join(f"{p[kind] / 2 ** 20:.0f}" for p in peaks_all) \
-                if kind in peaks else "(not measured)"
+            memory = "peak memory per rank " + ", ".join(
+                f"{p[kind] / 2 ** 20:.0f}" for p in peaks_all) + " MiB" \
+                if kind in peaks else "memory not measured (it would count the compiler)"
             print(f"{kind:11s} step {statistics.median(values) * 1e3:7.1f} ms "
                   f"(rounds {min(values) * 1e3:.1f} to {max(values) * 1e3:.1f}), "
-                  f"{ratio:.2f}x replicated's time; peak memory per rank {memory} MiB",
-                  flush=True)
+                  f"{ratio:.2f}x replicated's time; {memory}", flush=True)
         print(f"largest weight difference, replicated vs sharded: {drift:.2e}", flush=True)
     dist.destroy_process_group()
 

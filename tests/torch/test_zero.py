@@ -26,3 +26,21 @@ def test_sharded_optimizer_on_4_ranks():
     shard: the last bias has 3 values)."""
     checks = ["sharded_matches_replicated", "errors"]
     assert_ranks_ok(run_ranks(WORKER, 4, args=checks, timeout=240), 4, checks)
+
+
+def test_zero_compare_example_runs():
+    """examples/pytorch_zero_compare.py on a small MLP: every contender's line, and the
+    sharded and replicated optimizers end on the same weights."""
+    import re
+
+    from multirank import assert_ok
+    example = Path(__file__).parents[2] / "examples" / "pytorch_zero_compare.py"
+    result = run_ranks(example, 2, args=["--widths", "64,96,10", "--rounds", "2",
+                                         "--steps", "2", "--warmup", "1"], timeout=180)
+    assert_ok(result)
+    for kind in ("replicated", "sharded", "torch-zero"):
+        assert re.search(rf"^{kind} +step +[\d.]+ ms .* peak memory per rank \d+, \d+ MiB$",
+                         result.stdout, re.MULTILINE), result.stdout
+    match = re.search(r"largest weight difference, replicated vs sharded: (\S+)",
+                      result.stdout)
+    assert match and float(match.group(1)) < 1e-6, result.stdout
