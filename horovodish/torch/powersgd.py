@@ -18,9 +18,9 @@ and what an exact allreduce would have, from the first compressed step on.
 """
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..common.api.process_sets import ProcessSet, global_process_set
@@ -50,7 +50,7 @@ class PowerSGDState:
         self.use_error_feedback = use_error_feedback
         self.warm_start = warm_start
         self.orthogonalization_epsilon = float(orthogonalization_epsilon)
-        self.random_seed = int(random_seed)
+        self.rng = np.random.RandomState(random_seed)  # DDP's, drawn the same way
         self.error_dict: dict[tuple[str, ...], torch.Tensor] = {}
         self.q_memory_dict: dict[tuple[str, ...], list[torch.Tensor]] = {}
         self.iter = 0
@@ -93,22 +93,28 @@ def powersgd_hook(state: PowerSGDState, bucket: GradBucket) -> Finish:
         if error is not None:
             buffer.add_(error)
         local = buffer.clone()
-    matrices, plain = [], []
+    by_shape: dict[torch.Size, list[torch.Tensor]] = {}
+    plain = []
     for grad in bucket.gradients():
         if grad.dim() == 0:
             plain.append(grad)
             continue
         matrix = grad.view(grad.shape[0], -1)
         rank = min(*matrix.shape, state.matrix_approximation_rank)
-        (matrices if _should_compress(*matrix.shape, rank, state.min_compression_rate)
-         else plain).append(matrix if grad.dim() else grad)
+        if _should_compress(*matrix.shape, rank, state.min_compression_rate):
+            by_shape.setdefault(matrix.shape, []).append(matrix)
+        else:
+            plain.append(matrix)
+    matrices = [m for same in by_shape.values() for m in same]  # DDP's order
     qs = state.q_memory_dict.get(key) if state.warm_start else None
     if qs is None:
-        # The same random start on every rank, whatever order buckets arrive in.
-        seed = zlib.crc32(f"{state.random_seed}.{bucket.name}.{bucket.step}".encode())
-        generator = torch.Generator().manual_seed(seed)
-        qs = [torch.randn(m.shape[1], min(*m.shape, state.matrix_approximation_rank),
-                          generator=generator, dtype=m.dtype) for m in matrices]
+        # DDP's draw (so results match its hook's): one seed from the state's generator
+        # per bucket that starts afresh, every rank alike as long as buckets start in
+        # the same order on every rank (they do when every rank runs the same graph).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(state.rng.randint(1_000_000_000))
+            qs = [torch.randn(m.shape[1], min(*m.shape, state.matrix_approximation_rank),
+                              dtype=m.dtype) for m in matrices]
     for q in qs:
         _orthogonalize(q, state.orthogonalization_epsilon)
     name = f"powersgd.{bucket.name}"

@@ -11,7 +11,8 @@ import pytest
 from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "comm_hooks_worker.py"
-CHECKS = ["powersgd_at_full_rank_is_exact", "cast_hooks_equal_compression",
+CHECKS = ["powersgd_at_full_rank_is_exact", "matches_ddp_powersgd_hook",
+          "cast_hooks_equal_compression",
           "a_hook_of_ones_own", "bytes_per_step", "errors"]
 
 

@@ -74,6 +74,51 @@ def powersgd_at_full_rank_is_exact(rank: int, size: int) -> None:
     check(differs > 1e-6, f"rank 1 should not be exact (differs by {differs})")
 
 
+def matches_ddp_powersgd_hook(rank: int, size: int) -> None:
+    """Ranks 1 and 2 (error feedback, warm start): the weights of torch DDP on gloo with
+    its own powerSGD_hook, the reference for 'DDP's algorithm'."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ddp_powersgd
+    from torch.nn.parallel import DistributedDataParallel
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    port = hvd.broadcast_object(port if rank == 0 else None, root_rank=0)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=size)
+    try:
+        per = BATCH // size
+        mine = slice(rank * per, (rank + 1) * per)
+        for r in (1, 2):
+            ddp = DistributedDataParallel(make_model())
+            ddp.register_comm_hook(ddp_powersgd.PowerSGDState(
+                process_group=None, matrix_approximation_rank=r, start_powerSGD_iter=2,
+                min_compression_rate=0.5), ddp_powersgd.powerSGD_hook)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+            for step in range(STEPS):
+                gen = torch.Generator().manual_seed(step)
+                x = torch.randn(BATCH, 5, generator=gen, dtype=torch.float64)
+                y = torch.randn(BATCH, 3, generator=gen, dtype=torch.float64)
+                opt.zero_grad()
+                F.mse_loss(ddp(x[mine]), y[mine]).backward()
+                opt.step()
+            state = hvd.PowerSGDState(matrix_approximation_rank=r, start_powerSGD_iter=2,
+                                      min_compression_rate=0.5)
+            ours, _ = train(hvd.powersgd_hook, state)
+            same(ours, ddp.module, f"rank {r} against DDP's powerSGD_hook", 1e-9)
+            exact, _ = train()
+            with torch.no_grad():
+                apart = max(float((a - b).abs().max()) for a, b in zip(
+                    ours.parameters(), exact.parameters()))
+            check(apart > 1e-6, f"rank {r}: no different from the exact allreduce")
+    finally:
+        dist.destroy_process_group()
+
+
 def cast_hooks_equal_compression(rank: int, size: int) -> None:
     """fp16/bf16 hooks send what Compression.fp16/bf16 send; allreduce_hook is exact."""
     tol = 0.0 if size <= 2 else 1e-3  # 3 values summed in another order round apart
@@ -191,7 +236,8 @@ def errors(rank: int, size: int) -> None:
 if __name__ == "__main__":
     hvd.init()
     torch.set_num_threads(1)
-    checks = [powersgd_at_full_rank_is_exact, cast_hooks_equal_compression, a_hook_of_ones_own,
+    checks = [powersgd_at_full_rank_is_exact, matches_ddp_powersgd_hook,
+              cast_hooks_equal_compression, a_hook_of_ones_own,
               bytes_per_step, errors, digits_accuracy_kept]
     chosen = sys.argv[1:]
     run_checks([c for c in checks if not chosen or c.__name__ in chosen], hvd.rank(),
