@@ -136,6 +136,8 @@ class _ShardedOptimizer:
         self._zero_buckets = self._zero_build(bucket_cap_mb * 2 ** 20)
         self._zero_bucket_of = {p: b for b in self._zero_buckets for p in b.params}
         self._zero_submitted: set[_Bucket] = set()
+        self._zero_gathering: dict[_Bucket, int] = {}  # deferred allgathers
+        self._zero_defer = False
         self.set_backward_passes_per_step(backward_passes_per_step)
         if old_state is not None:  # the plain optimizer had state: it becomes the shards'
             self.state.clear()
@@ -249,7 +251,7 @@ class _ShardedOptimizer:
             self.synchronize()
         self._zero_synchronized = False
         self._zero_loaded = None
-        gathers = []
+        self.wait_for_parameters()
         for bucket in self._zero_buckets:
             bucket.adopt()
             if bucket.optimizer is not None:
@@ -264,14 +266,46 @@ class _ShardedOptimizer:
             if self._zero_stage == 2:
                 bucket.reduced = None
             # The shard is this rank's part of flat: gathered in place.
-            gathers.append(allgather_into_async(bucket.shard, bucket.flat,
-                                                name=bucket.gather_name,
-                                                process_set=self._zero_process_set))
-        for handle in gathers:
-            mpi_ops.synchronize(handle)
+            self._zero_gathering[bucket] = allgather_into_async(
+                bucket.shard, bucket.flat, name=bucket.gather_name,
+                process_set=self._zero_process_set)
+        if not self._zero_defer:
+            self.wait_for_parameters()
         if self._zero_buffer_sync is not None:
             self._zero_buffer_sync()
         return loss
+
+    def defer_parameter_gather(self, model: torch.nn.Module) -> None:
+        """Let ``step()`` return once the updated shards' allgathers are started: each
+        module of ``model`` waits for its own parameters in a forward pre-hook, so the
+        gathers of later layers overlap the forward of earlier ones. Parameters read
+        outside a forward of ``model`` (saving, evaluation by other code) need
+        ``wait_for_parameters()`` first; ``step()``, the state dict methods and
+        ``broadcast_optimizer_state`` wait themselves. Under torch.compile each hook is
+        a graph break."""
+        me = weakref.ref(self)
+        handles = []
+        for module in model.modules():
+            buckets = {self._zero_bucket_of[p] for p in module.parameters(recurse=False)
+                       if p in self._zero_bucket_of}
+            if buckets:
+                def hook(module: Any, args: Any, buckets: set[_Bucket] = buckets) -> None:
+                    optimizer = me()
+                    if optimizer is not None:
+                        optimizer._zero_wait(buckets)
+                handles.append(module.register_forward_pre_hook(hook))
+        weakref.finalize(self, _remove, handles)
+        self._zero_defer = True
+
+    def wait_for_parameters(self) -> None:
+        """Wait for the allgathers ``step()`` left running (``defer_parameter_gather``)."""
+        self._zero_wait(list(self._zero_gathering))
+
+    def _zero_wait(self, buckets: Any) -> None:
+        for bucket in buckets:
+            handle = self._zero_gathering.pop(bucket, None)
+            if handle is not None:
+                mpi_ops.synchronize(handle)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._zero_submitted or any(d != self.backward_passes_per_step
@@ -318,6 +352,7 @@ class _ShardedOptimizer:
         """This rank's shards of the optimizer state (no communication). Load it back on
         the same rank of the same job, or pass every rank's to load_state_dict on any
         number of ranks; ``consolidate_state_dict()`` gives torch's plain format."""
+        self.wait_for_parameters()
         groups = []
         for group in self.param_groups:
             hyper = {k: v for k, v in group.items() if k not in _NOT_HYPERPARAMETERS}
@@ -359,6 +394,7 @@ class _ShardedOptimizer:
         ``consolidate_state_dict()`` or a plain optimizer), this rank's own sharded one,
         or the list of every rank's sharded ones (from any number of ranks). Local: each
         rank takes its shards. Abandons a step in progress, as DistributedOptimizer's."""
+        self.wait_for_parameters()
         self._zero_abandon_step()
         if isinstance(state_dict, (list, tuple)):
             state_dict = consolidate(state_dict)

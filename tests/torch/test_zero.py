@@ -10,7 +10,8 @@ from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "zero_worker.py"
 CHECKS = ["sharded_matches_replicated", "stage_one_accumulation_and_clipping",
-          "state_memory", "state_dicts_and_broadcast", "overlap_and_storage", "errors"]
+          "state_memory", "state_dicts_and_broadcast", "overlap_and_storage",
+          "deferred_parameter_gather", "errors"]
 
 
 def test_sharded_optimizer_on_2_and_3_ranks_with_a_checkpoint_from_2_to_3(tmp_path):

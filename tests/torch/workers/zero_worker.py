@@ -302,6 +302,36 @@ def overlap_and_storage(rank: int, size: int) -> None:
           "the replaced values were the ones trained")
 
 
+def deferred_parameter_gather(rank: int, size: int) -> None:
+    """defer_parameter_gather: step() returns with allgathers running, each layer's
+    forward waits for its own; the weights are the reference's, every gather has been
+    waited for once forward is done, and a checkpoint taken in between waits too."""
+    adam = OPTIMIZERS["adam"]
+    want, _ = reference(adam, STEPS)
+    model = make_model()
+    opt = hvd.DistributedOptimizer(adam(groups_of(model)), shard_optimizer_state=True,
+                                   named_parameters=model.named_parameters(),
+                                   bucket_cap_mb=0)
+    opt.defer_parameter_gather(model)
+    running = []
+    for step in range(STEPS):
+        x, y = (mine(t) for t in batch(step))
+        opt.zero_grad()
+        out = model(x)
+        check(not opt._zero_gathering, f"step {step}: forward left gathers running")
+        F.mse_loss(out, y).backward()
+        opt.step()
+        running.append(sum(not mpi_ops.poll(h) for h in opt._zero_gathering.values()))
+        if step == STEPS // 2:
+            opt.state_dict()  # waits
+            check(not opt._zero_gathering, "state_dict() did not wait for the gathers")
+    sys.stdout.write(f"rank {rank}: allgathers still running when step() returned: "
+                     f"{running}\n")
+    check(len(opt._zero_gathering) == len(opt._zero_buckets), "step() waited for gathers")
+    opt.wait_for_parameters()
+    same_weights(model, want, "deferred parameter gather")
+
+
 def checkpoint_dir() -> Path:
     return Path(os.environ["ZERO_CHECKPOINT_DIR"])
 
@@ -378,7 +408,8 @@ if __name__ == "__main__":
     hvd.init()
     torch.set_num_threads(1)
     checks = [sharded_matches_replicated, stage_one_accumulation_and_clipping,
-              state_memory, state_dicts_and_broadcast, overlap_and_storage, errors,
+              state_memory, state_dicts_and_broadcast, overlap_and_storage,
+              deferred_parameter_gather, errors,
               checkpoint_save, checkpoint_load]
     chosen = sys.argv[1:]  # names of the checks to run (default: all)
     run_checks([c for c in checks if not chosen or c.__name__ in chosen], hvd.rank(),
