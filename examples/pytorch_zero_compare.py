@@ -174,7 +174,7 @@ def main() -> None:
             memory = "peak memory per rank " + ", ".join(
                 f"{p[kind] / 2 ** 20:.0f}" for p in peaks_all) + " MiB" \
                 if kind in peaks else "memory not measured"
-            print(f"{kind:11s} step {statistics.median(values) * 1e3:7.1f} ms "
+            print(f"{kind:12s} step {statistics.median(values) * 1e3:7.1f} ms "
                   f"(rounds {min(values) * 1e3:.1f} to {max(values) * 1e3:.1f}), "
                   f"{ratio:.2f}x replicated's time; {memory}", flush=True)
         print(f"largest weight difference, replicated vs sharded: {drift:.2e}", flush=True)
