@@ -114,7 +114,7 @@ class _ShardedOptimizer:
                     process_set: ProcessSet, bucket_cap_mb: float,
                     buffer_sync: Callable[[], None] | None) -> None:
         cls = self._zero_base
-        if cls.__name__ in _NOT_ELEMENTWISE or getattr(cls, "step", None) is None:
+        if cls.__name__ in _NOT_ELEMENTWISE:
             raise ValueError(f"shard_optimizer_state=True steps each rank's flat shard of the "
                              f"parameters, which needs an elementwise update; {cls.__name__} "
                              "looks at whole tensors. Use it without sharding.")
@@ -129,7 +129,7 @@ class _ShardedOptimizer:
         self._zero_buffer_sync = buffer_sync
         self._zero_should_sync = True
         self._zero_synchronized = False
-        self._zero_loaded: dict[str, Any] | None = None  # see broadcast_state
+        self._zero_loaded: dict[str, Any] | None = None  # see _zero_broadcast_state
         old_state = torch.optim.Optimizer.state_dict(self) if self.state else None
         self._zero_index = {p: i for i, p in enumerate(
             p for group in self.param_groups for p in group["params"])}
