@@ -16,7 +16,9 @@ CHECKS = ["powersgd_at_full_rank_is_exact", "matches_ddp_powersgd_hook",
           "a_hook_of_ones_own", "bytes_per_step", "errors"]
 
 
-@pytest.mark.parametrize("np, checks", [(2, [*CHECKS, "digits_accuracy_kept"]), (3, CHECKS)],
-                         ids=["2-ranks-and-digits", "3-ranks"])
+@pytest.mark.parametrize("np, checks", [
+    (2, [*CHECKS, "digits_accuracy_kept"]),
+    (3, ["powersgd_at_full_rank_is_exact", "cast_hooks_equal_compression", "bytes_per_step"])],
+    ids=["2-ranks-and-digits", "3-ranks"])
 def test_comm_hooks(np, checks):
     assert_ranks_ok(run_ranks(WORKER, np, args=checks, timeout=300), np, checks)

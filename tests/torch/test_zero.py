@@ -18,15 +18,19 @@ def test_sharded_optimizer_on_2_and_3_ranks_with_a_checkpoint_from_2_to_3(tmp_pa
     env = {"ZERO_CHECKPOINT_DIR": str(tmp_path)}
     saved = run_ranks(WORKER, 2, args=[*CHECKS, "checkpoint_save"], env=env, timeout=240)
     assert_ranks_ok(saved, 2, [*CHECKS, "checkpoint_save"])
-    loaded = run_ranks(WORKER, 3, args=[*CHECKS, "checkpoint_load"], env=env, timeout=240)
-    assert_ranks_ok(loaded, 3, [*CHECKS, "checkpoint_load"])
+    # Three ranks: what depends on how shards fall (uneven ranges), not the rest again.
+    uneven = ["sharded_matches_replicated", "stage_one_accumulation_and_clipping",
+              "state_dicts_and_broadcast", "checkpoint_load"]
+    loaded = run_ranks(WORKER, 3, args=uneven, env=env, timeout=240)
+    assert_ranks_ok(loaded, 3, uneven)
 
 
 def test_sharded_optimizer_on_4_ranks():
     """Four ranks on the test machine's cores: the equivalence checks only (an empty
     shard: the last bias has 3 values)."""
-    checks = ["sharded_matches_replicated", "errors"]
-    assert_ranks_ok(run_ranks(WORKER, 4, args=checks, timeout=240), 4, checks)
+    checks = ["sharded_matches_replicated"]
+    result = run_ranks(WORKER, 4, args=checks, env={"ZERO_BUCKET_CAPS": "0"}, timeout=240)
+    assert_ranks_ok(result, 4, checks)
 
 
 def test_zero_compare_example_runs():
