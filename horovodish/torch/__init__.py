@@ -7,6 +7,9 @@
 from ..common.api import *  # noqa: F401,F403  (the names every adapter shares)
 from . import elastic
 from .compression import Compression
+from .compiled import compile_backend, keep_collectives_out_of_graphs
+from .comm_hooks import GradBucket, allreduce_hook, bf16_compress_hook, fp16_compress_hook
+from .powersgd import PowerSGDState, powersgd_hook
 from .buffers import BufferSync, sync_buffers
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
@@ -21,3 +24,5 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgat
                       grouped_allreduce_async_, grouped_reducescatter,
                       grouped_reducescatter_async, join, poll, reducescatter,
                       reducescatter_async, synchronize)
+
+keep_collectives_out_of_graphs()  # see compiled.py

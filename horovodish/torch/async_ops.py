@@ -369,6 +369,31 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
     return handle
 
 
+def allgather_into_async(tensor: torch.Tensor, output: torch.Tensor, name: str | None = None,
+                         process_set: ProcessSet = global_process_set) -> int:
+    """allgather into a given contiguous output of the gathered shape (beyond Horovod):
+    the sharded optimizer gathers updated shards straight into the flat parameters.
+    tensor may be this rank's part of output (then gathered in place); otherwise it
+    must not overlap output. synchronize returns output."""
+    check_tensor(tensor, "allgather")
+    if tensor_views.staged(output):  # via host memory, then into output
+        handle = grouped_allgather_async([tensor], name, process_set)
+        handles, finish = _handles[handle]
+        _handles[handle] = (handles, lambda results: output.copy_(finish(results)[0]))
+        return handle
+
+    def allocate(shape: tuple[int, ...]) -> np.ndarray:
+        if tuple(shape) != tuple(output.shape):
+            raise ValueError(f"allgather into an output of shape {list(output.shape)}: the "
+                             f"gathered tensor has shape {list(shape)}")
+        return as_numpy(output)
+    source = _contiguous(tensor)
+    handles = core.grouped_allgather_async(
+        [as_numpy(source)], [allocate], names_for(name, 1, "allgather", process_set),
+        device_class(tensor), process_set)
+    return register(handles, lambda _: output)
+
+
 # -- broadcast -----------------------------------------------------------------------------
 def _broadcast_async(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
                      name: str | None, finish: Callable[[list[Any]], Any],

@@ -104,6 +104,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     zero one (an empty sparse one for SparseAdam and for the sparse embeddings of
     ``model``, Horovod's argument for telling them apart).
     """
+    sharded = getattr(optimizer, "_zero_broadcast_state", None)
+    if sharded is not None:  # shard_optimizer_state=True: see zero.py
+        sharded(root_rank)
+        return
     state_dict = optimizer.state_dict()
     if not state_dict["state"]:
         _zero_missing_grads(optimizer, model)

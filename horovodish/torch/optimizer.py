@@ -59,10 +59,12 @@ from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
 from . import mpi_ops
 from .buckets import GradientBuckets
+from .comm_hooks import CommHook, GradBucket
 from .compression import Compression
 from .functions import load_state_in_place
 from .sparse import sparse_allreduce_async, sparse_zeros
 from .tracked import check_tracked
+from .zero import _ShardedOptimizer, sharded_class
 
 _STATS_KEPT = 1000
 
@@ -92,8 +94,10 @@ class _DistributedOptimizer:
         self._hvd_buckets = GradientBuckets(bucket_cap_mb * 2 ** 20, groups)
         self._hvd_sparse: dict[torch.Tensor, int] = {}  # sparse_dim of sparse gradients
         self._hvd_agreed = False  # on sparsity (and bucket order): see _hvd_agree
-        # (handle, params, compression contexts, sent as sparse)
-        self._hvd_pending: list[tuple[int, list[torch.Tensor], list[Any], bool]] = []
+        # (handle, or a comm hook's finish; params, compression contexts, sent as sparse)
+        self._hvd_pending: list[tuple[Any, list[torch.Tensor], list[Any], bool]] = []
+        self._hvd_comm_hook: tuple[Any, CommHook] | None = None
+        self._hvd_steps = 0  # synchronized steps, for comm hooks (GradBucket.step)
         self._hvd_submitted: set[torch.Tensor] = set()
         self._hvd_should_sync = True
         self._hvd_synchronized = False
@@ -151,6 +155,7 @@ class _DistributedOptimizer:
             else:
                 self._hvd_buckets.learn(order)
         self._hvd_record_stats()
+        self._hvd_steps += 1
         self._hvd_synchronized = True
 
     def _hvd_next_step(self) -> None:
@@ -161,8 +166,11 @@ class _DistributedOptimizer:
             self._hvd_delay[param] = self.backward_passes_per_step
 
     def _hvd_install_results(self) -> None:
-        for handle, params, ctxs, sparse in self._hvd_pending:
-            outputs = mpi_ops.synchronize(handle)
+        while self._hvd_pending:  # popped first: a failure leaves the rest to abandon
+            handle, params, ctxs, sparse = self._hvd_pending.pop(0)
+            outputs = handle() if callable(handle) else mpi_ops.synchronize(handle)
+            if isinstance(outputs, torch.Tensor) and not sparse:  # a hook's flat result
+                outputs = _split(outputs, params)
             if sparse:
                 params[0].grad = outputs
                 continue
@@ -191,7 +199,7 @@ class _DistributedOptimizer:
         gradients accumulated towards it."""
         for handle, *_ in self._hvd_pending:
             try:
-                mpi_ops.synchronize(handle)
+                handle() if callable(handle) else mpi_ops.synchronize(handle)
             except Exception:
                 pass
         self._hvd_next_step()
@@ -207,6 +215,26 @@ class _DistributedOptimizer:
         failed step."""
         self._hvd_abandon_step()
         load_state_in_place(self, state_dict, super().load_state_dict)
+
+    def register_comm_hook(self, state: Any, hook: CommHook) -> None:
+        """Send each bucket through ``hook(state, bucket)`` instead of an exact allreduce
+        (DDP's ``register_comm_hook``; see horovodish/torch/comm_hooks.py): built-ins
+        ``hvd.fp16_compress_hook``, ``hvd.bf16_compress_hook``, and ``hvd.powersgd_hook``
+        with a ``hvd.PowerSGDState``. Every rank registers the same hook, once, before
+        the first backward. Sparse gradients (unless ``sparse_as_dense``) bypass it."""
+        if self._hvd_comm_hook is not None:
+            raise RuntimeError("register_comm_hook: a communication hook is registered "
+                               "already (one per optimizer, as in DDP)")
+        if self._hvd_compression is not Compression.none:
+            raise ValueError("register_comm_hook: this optimizer compresses already "
+                             f"(compression={self._hvd_compression.__name__}); use the "
+                             "hook alone (e.g. hvd.fp16_compress_hook)")
+        if self._hvd_pending or self._hvd_steps or self._hvd_submitted:
+            raise RuntimeError("register_comm_hook: register the hook before the first "
+                               "backward pass")
+        if not callable(hook):
+            raise TypeError(f"register_comm_hook: hook must be callable, got {hook!r}")
+        self._hvd_comm_hook = (state, hook)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -304,7 +332,15 @@ class _DistributedOptimizer:
             tensors.append(compressed)
             ctxs.append(ctx)
             names.append(name)
-        if tensors:
+        if tensors and self._hvd_comm_hook is not None:
+            state, hook = self._hvd_comm_hook
+            bucket = GradBucket(len(self._hvd_pending), dense,
+                                [self._parameter_names[p] for p in dense], tensors,
+                                self._hvd_op, *self._hvd_scale, self._hvd_process_set,
+                                self._hvd_steps)
+            self._hvd_pending.append((hook(state, bucket), dense, ctxs, False))
+            self._hvd_submissions += 1
+        elif tensors:
             prescale, postscale = self._hvd_scale
             allreduce = mpi_ops.grouped_allreduce_into_runtime_async if self._hvd_as_view \
                 else mpi_ops.grouped_allreduce_async_
@@ -396,11 +432,48 @@ def _adasum_optimizer(optimizer: torch.optim.Optimizer,
     return wrapped
 
 
+def _sharded_optimizer(optimizer: torch.optim.Optimizer,
+                       named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                       compression: Any, backward_passes_per_step: int, op: ReduceOp,
+                       predivide: float, groups: Any, process_set: ProcessSet,
+                       bucket_cap_mb: float, buffer_sync: Callable[[], None] | None,
+                       stage: int) -> Any:
+    if stage not in (1, 2):
+        raise ValueError(f"zero_stage must be 1 or 2, not {stage}")
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError("shard_optimizer_state=True supports op=Average or Sum")
+    if groups:
+        raise ValueError("shard_optimizer_state=True makes its own buckets; groups= does "
+                         "not apply (use bucket_cap_mb=)")
+    if isinstance(optimizer, (_DistributedOptimizer, _ShardedOptimizer)):
+        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
+                         "torch optimizer once")
+    names = _parameter_names(optimizer, named_parameters)
+    cls = sharded_class(type(optimizer))
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
+    wrapped._zero_setup(names, stage, compression, backward_passes_per_step, op,
+                        float(predivide), process_set, bucket_cap_mb, buffer_sync)
+    return wrapped
+
+
 # Our step() already runs inside the wrapped class's hooked step (via super()), so torch
 # must not wrap it again when it re-patches classes in load_state_dict/__setstate__.
 _DistributedOptimizer.step.hooked = True  # type: ignore[attr-defined]
 
 _classes: dict[type, type] = {}
+
+
+def _split(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """A hook's flat result as one view per parameter."""
+    if flat.numel() != sum(p.numel() for p in params):
+        raise ValueError(f"a communication hook returned {flat.numel()} values for a bucket "
+                         f"of {sum(p.numel() for p in params)}")
+    views, offset = [], 0
+    for param in params:
+        views.append(flat[offset:offset + param.numel()].view(param.shape))
+        offset += param.numel()
+    return views
 
 
 def _remove(handles: list[Any]) -> None:
@@ -487,7 +560,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          process_set: ProcessSet = global_process_set,
                          bucket_cap_mb: float = 25.0,
                          buffer_sync: Callable[[], None] | None = None,
-                         gradient_as_bucket_view: bool = True) -> Any:
+                         gradient_as_bucket_view: bool = True,
+                         shard_optimizer_state: bool = False, zero_stage: int = 2) -> Any:
     """Wrap ``optimizer`` so that step() uses gradients reduced over all ranks.
 
     Horovod's arguments, plus (beyond Horovod) ``bucket_cap_mb`` (learned bucket order:
@@ -495,8 +569,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     run after every step, e.g. ``hvd.BufferSync(model)``) and ``gradient_as_bucket_view``
     (default True: reduced gradients are installed as views of the runtime's result
     blocks, saving a copy; False reduces into the existing gradient tensors, as Horovod
-    and DDP's default do, for code that holds on to ``param.grad`` across ``step()``). See the module docstring for
-    the contract and an example.
+    and DDP's default do, for code that holds on to ``param.grad`` across ``step()``),
+    ``shard_optimizer_state`` (ZeRO: each rank keeps 1/N of the optimizer state and
+    steps only its shard; see horovodish/torch/zero.py) with ``zero_stage`` 2 (default:
+    gradients are reduce-scattered, each rank keeps its shard of them) or 1 (gradients
+    are allreduced, ``param.grad`` is the averaged gradient). See the module docstring
+    for the contract and an example.
     """
     op = ReduceOp(op)
     if op not in (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM):
@@ -504,6 +582,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          f"{op.name.capitalize()}")
     if gradient_predivide_factor != 1.0 and op != ReduceOp.AVERAGE:
         raise ValueError("gradient_predivide_factor is only supported with op=Average")
+    if shard_optimizer_state:
+        return _sharded_optimizer(optimizer, named_parameters, compression,
+                                  backward_passes_per_step, op, gradient_predivide_factor,
+                                  groups or num_groups, process_set, bucket_cap_mb,
+                                  buffer_sync, zero_stage)
+    if zero_stage != 2:
+        raise ValueError("zero_stage applies to shard_optimizer_state=True only")
     if op == ReduceOp.ADASUM:
         unsupported = [name for name, given in (
             ("groups", groups is not None or num_groups), ("sparse_as_dense", sparse_as_dense),
@@ -514,7 +599,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                              "parameter's delta on its own, after the local step.")
         return _adasum_optimizer(optimizer, named_parameters, compression,
                                  backward_passes_per_step, process_set)
-    if isinstance(optimizer, _DistributedOptimizer):
+    if isinstance(optimizer, (_DistributedOptimizer, _ShardedOptimizer)):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
                          "torch optimizer once")
     if num_groups:

@@ -176,7 +176,11 @@ class Executor:
         backend = self._backend(RequestType.ALLGATHER, response, sum(counts) * out.itemsize)
         self._phase(f"{backend.name.upper()}_ALLGATHER")
         if out.size:
-            backend.allgatherv(entry.tensor.reshape(-1), out.reshape(-1), counts)
+            send, flat_out = entry.tensor.reshape(-1), out.reshape(-1)
+            # An input that is this rank's part of the output is gathered in place (the
+            # sharded optimizer's updated shard, inside the flat parameters).
+            backend.allgatherv(None if _is_part(send, flat_out, sum(counts[:self.rank]))
+                               else send, flat_out, counts)
         return out
 
     def _broadcast(self, response: Response, entry: Entry) -> np.ndarray:
@@ -208,8 +212,10 @@ class Executor:
         counts = [c * row for c in _reduction_counts(rows, self.size)]
         out = entry.output
         dtype = numpy_dtype(response.dtype)
-        send = self.workspace.buffers.get(dtype, sum(counts))
-        scaled_copy(send, entry.tensor.reshape(-1), response.prescale)
+        send = entry.tensor.reshape(-1)
+        if response.prescale != 1.0:  # else straight from the input: no copy, no buffer
+            send = self.workspace.buffers.get(dtype, sum(counts))
+            scaled_copy(send, entry.tensor.reshape(-1), response.prescale)
         op = ReduceOp.SUM if response.reduce_op == ReduceOp.AVERAGE else response.reduce_op
         backend = self._backend(RequestType.REDUCESCATTER, response, send.nbytes)
         flat_out = out.reshape(-1)
@@ -234,6 +240,13 @@ _WHOLE_ON_DEVICE = frozenset({RequestType.ALLGATHER, RequestType.BROADCAST,
 # depends on the response alone, so every rank contributes alike. The caller's own
 # prescale and postscale stay where Horovod puts them (Product, Min and Max need that).
 _DIVIDE_FIRST = frozenset({"float32", "float64"})
+
+
+def _is_part(part: np.ndarray, whole: np.ndarray, offset: int) -> bool:
+    """part is whole[offset:offset + part.size] itself (same memory, same dtype)."""
+    return part.size > 0 and part.dtype == whole.dtype and \
+        part.__array_interface__["data"][0] == \
+        whole.__array_interface__["data"][0] + offset * whole.itemsize
 
 
 def _no_phase(phase: str) -> None:

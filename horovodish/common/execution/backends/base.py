@@ -61,7 +61,8 @@ class Backend(ABC):
                       op: ReduceOp) -> None:
         raise NotImplementedError
 
-    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+    def allgatherv(self, send: np.ndarray | None, recv: np.ndarray, counts: list[int]) -> None:
+        """send None: this rank's part is in recv already (in place)."""
         raise NotImplementedError
 
     def bcast(self, buf: np.ndarray, root: int) -> None:

@@ -62,10 +62,10 @@ class MPIBackend(Backend):
                       op: ReduceOp) -> None:
         self.comm.Reduce_scatter(send, recv, recvcounts=counts, op=_mpi_op(send.dtype, op))
 
-    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
-        item = send.dtype.itemsize
+    def allgatherv(self, send: np.ndarray | None, recv: np.ndarray, counts: list[int]) -> None:
+        item = recv.dtype.itemsize
         byte_counts = [c * item for c in counts]
-        self.comm.Allgatherv(_as_bytes(send),
+        self.comm.Allgatherv(MPI.IN_PLACE if send is None else _as_bytes(send),
                              [_as_bytes(recv), byte_counts, _displacements(byte_counts), MPI.BYTE])
 
     def bcast(self, buf: np.ndarray, root: int) -> None:

@@ -59,10 +59,29 @@ class RingBackend(Backend):
         if self.size == 1:
             np.copyto(recv.reshape(-1), send.reshape(-1))
             return
-        work = self._scratch_view(send.dtype, send.size, second=True)
+        # The ring of _reduce_scatter, keeping only what the next step sends: partial
+        # sums alternate between two segment-sized buffers and the last lands in recv,
+        # so scratch is 3/p of the buffer, not all of it (the sharded optimizer
+        # reduce-scatters buckets of tens of MB).
+        p, r = self.size, self.rank
         offsets = np.cumsum([0] + counts).tolist()
-        self._reduce_scatter(work, counts, offsets, op, send.reshape(-1))
-        np.copyto(recv.reshape(-1), work[offsets[self.rank]:offsets[self.rank + 1]])
+        longest = max(counts)
+        ufunc = reduce_ufunc(send.dtype, op)
+        source, out = send.reshape(-1), recv.reshape(-1)
+        scratch = self._scratch_view(send.dtype, 3 * longest)
+        partial = (scratch[longest:2 * longest], scratch[2 * longest:])
+        left, right = (r - 1) % p, (r + 1) % p
+        outgoing = source[offsets[(r - 1) % p]:offsets[(r - 1) % p + 1]]
+        for step in range(p - 1):
+            segment = (r - step - 2) % p  # what arrives from the left, and is summed
+            own = source[offsets[segment]:offsets[segment + 1]]
+            received = scratch[:own.size]
+            target = out if step == p - 2 else partial[step % 2][:own.size]
+            for chunk in self._chunk_slices(longest, send.itemsize):
+                self.comm.Sendrecv(_bytes(outgoing[chunk]), right,
+                                   recvbuf=_bytes(received[chunk]), source=left)
+                ufunc(own[chunk], received[chunk], out=target[chunk])
+            outgoing = target
 
     def _reduce_scatter(self, buf: np.ndarray, counts: list[int], offsets: list[int],
                         op: ReduceOp, source: np.ndarray | None = None) -> None:

@@ -1,0 +1,559 @@
+"""Sharded optimizer state (ZeRO stages 1 and 2): ``DistributedOptimizer(optimizer,
+named_parameters, shard_optimizer_state=True)``.
+
+Why a flag on DistributedOptimizer rather than a second class: a Horovod script turns it
+on by adding one argument, and keeps every other argument, ``synchronize()`` /
+``skip_synchronize()``, ``broadcast_optimizer_state`` and its training loop.
+
+How it works. At construction the parameters each param group trains are cut into
+buckets (reverse definition order, the order gradients usually arrive in, one dtype
+each, up to ``bucket_cap_mb``) and each bucket's parameters are moved into one flat
+tensor (``param.data`` becomes a view of it). Rank r of N owns the r-th of N nearly
+equal ranges of every bucket (its *shard*), and builds one optimizer of the wrapped
+class over that shard alone, so optimizer state takes 1/N of the memory.
+
+* Backward: as soon as every gradient of a bucket has arrived (hooks, as in the
+  replicated DistributedOptimizer), the bucket's gradients are packed and
+  reduce-scattered (stage 2: each rank receives only its shard of the averaged gradient,
+  and the parameters' gradients are freed), or allreduced (stage 1: ``param.grad`` is
+  the averaged gradient, as without sharding).
+* ``step()``: bucket by bucket, the shard's optimizer steps, and the updated shard is
+  allgathered straight into the flat parameters; the allgather of one bucket runs while
+  the next bucket's shard is stepped. ``step()`` returns once parameters are whole.
+
+The update must be elementwise (SGD, Adam, AdamW, Adagrad, RMSprop, ...): an optimizer
+that looks at a whole matrix (Muon, Adafactor, LBFGS) cannot run on a flat shard and is
+refused.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+import weakref
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from ..common.api.process_sets import ProcessSet
+from ..common.messages import ReduceOp
+from . import mpi_ops
+from .async_ops import allgather_into_async
+from .functions import broadcast_object
+from .tracked import check_tracked
+from .zero_state import SHARDED_KEY, bucket_layout, consolidate, shard_of
+
+# Optimizers whose update of an element depends on other elements of the same parameter.
+_NOT_ELEMENTWISE = {"LBFGS", "SparseAdam", "Adafactor", "Muon"}
+_NOT_HYPERPARAMETERS = ("params", "param_names")
+
+
+class _Bucket:
+    """Parameters of one param group and dtype, stored in one flat tensor; this rank's
+    shard of it, and the optimizer that steps the shard."""
+
+    def __init__(self, index: int, group: int, params: list[torch.Tensor], names: list[str],
+                 rank: int, size: int) -> None:
+        self.index, self.group, self.params, self.names = index, group, params, names
+        self.numels = [p.numel() for p in params]
+        self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
+        total = sum(self.numels)
+        base, extra = divmod(total, size)  # the core's reducescatter split
+        self.counts = [base + (1 if r < extra else 0) for r in range(size)]
+        self.start, self.count = sum(self.counts[:rank]), self.counts[rank]
+        self.flat = torch.empty(total, dtype=params[0].dtype, device=params[0].device)
+        self.views = [self.flat[o:o + n].view(p.shape)
+                      for p, o, n in zip(params, self.offsets, self.numels)]
+        with torch.no_grad():
+            for view, param in zip(self.views, params):
+                view.copy_(param.detach())
+        self.adopt()
+        self.shard = self.flat[self.start:self.start + self.count]
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.arrived = 0
+        self.pending: tuple[int, Any] | None = None  # (handle, compression context)
+        self.reduced: torch.Tensor | None = None  # stage 2: the shard; 1: the whole bucket
+        tag = f"{names[0]}.{len(params)}"
+        self.reduce_name, self.gather_name = f"zero.reduce.{tag}", f"zero.gather.{tag}"
+
+    def adopt(self) -> None:
+        """Move the parameters into the flat tensor (again, for any whose ``.data`` was
+        replaced since, e.g. by ``param.data = ...``)."""
+        with torch.no_grad():
+            for param, view in zip(self.params, self.views):
+                if param.data_ptr() != view.data_ptr() or param.stride() != view.stride():
+                    if param.shape != view.shape:
+                        raise ValueError(f"parameter shape changed to {list(param.shape)} "
+                                         f"from {list(view.shape)} under a sharded optimizer")
+                    view.copy_(param.detach())
+                    param.data = view
+
+    def gradient(self) -> torch.Tensor:
+        """The bucket's gradients packed in one flat tensor (zeros where none); a lone
+        gradient is sent as it is."""
+        grad = self.params[0].grad
+        if len(self.params) == 1 and grad is not None and not grad.is_sparse and \
+                grad.is_contiguous():
+            return grad.reshape(-1)
+        parts = []
+        for param in self.params:
+            grad = param.grad
+            if grad is None:
+                parts.append(torch.zeros(param.numel(), dtype=param.dtype, device=param.device))
+            else:
+                parts.append((grad.to_dense() if grad.is_sparse else grad).reshape(-1))
+        return torch.cat(parts)
+
+
+class _ShardedOptimizer:
+    """Mixed in before the wrapped optimizer's class (which only keeps the param groups
+    the user sees); the shards' optimizers live in the buckets."""
+
+    def _zero_setup(self, names: dict[torch.Tensor, str], stage: int, compression: Any,
+                    backward_passes_per_step: int, op: ReduceOp, predivide: float,
+                    process_set: ProcessSet, bucket_cap_mb: float,
+                    buffer_sync: Callable[[], None] | None) -> None:
+        cls = self._zero_base
+        if cls.__name__ in _NOT_ELEMENTWISE:
+            raise ValueError(f"shard_optimizer_state=True steps each rank's flat shard of the "
+                             f"parameters, which needs an elementwise update; {cls.__name__} "
+                             "looks at whole tensors. Use it without sharding.")
+        if not process_set.included():
+            raise ValueError("shard_optimizer_state=True: this rank is not in the process set")
+        self._parameter_names = names
+        self._zero_stage = stage
+        self._zero_compression = compression
+        self._zero_op = op
+        self._zero_scale = (1.0 / predivide, predivide) if op == ReduceOp.AVERAGE else (1.0, 1.0)
+        self._zero_process_set = process_set
+        self._zero_buffer_sync = buffer_sync
+        self._zero_should_sync = True
+        self._zero_synchronized = False
+        self._zero_loaded: dict[str, Any] | None = None  # see _zero_broadcast_state
+        old_state = torch.optim.Optimizer.state_dict(self) if self.state else None
+        self._zero_index = {p: i for i, p in enumerate(
+            p for group in self.param_groups for p in group["params"])}
+        self._zero_buckets = self._zero_build(bucket_cap_mb * 2 ** 20)
+        self._zero_bucket_of = {p: b for b in self._zero_buckets for p in b.params}
+        self._zero_submitted: set[_Bucket] = set()
+        self._zero_gathering: dict[_Bucket, int] = {}  # deferred allgathers
+        self._zero_defer = False
+        self.set_backward_passes_per_step(backward_passes_per_step)
+        if old_state is not None:  # the plain optimizer had state: it becomes the shards'
+            self.state.clear()
+            self._zero_load_consolidated(old_state)
+        me = weakref.ref(self)
+
+        def hook(param: torch.Tensor) -> None:
+            optimizer = me()
+            if optimizer is not None:
+                optimizer._zero_grad_ready(param)
+        handles = [p.register_post_accumulate_grad_hook(hook) for p in self._zero_bucket_of]
+        weakref.finalize(self, _remove, handles)
+
+    def _zero_build(self, cap_bytes: float) -> list[_Bucket]:
+        rank, size = self._zero_process_set.rank(), self._zero_process_set.size()
+        buckets: list[_Bucket] = []
+        for group_index, group in enumerate(self.param_groups):
+            runs: list[list[torch.Tensor]] = []
+            nbytes = 0.0
+            for param in reversed([p for p in group["params"] if p.requires_grad]):
+                size_bytes = param.numel() * param.element_size()
+                if runs and runs[-1][0].dtype == param.dtype and nbytes + size_bytes <= cap_bytes:
+                    runs[-1].append(param)
+                    nbytes += size_bytes
+                else:
+                    runs.append([param])
+                    nbytes = size_bytes
+            for params in runs:
+                bucket = _Bucket(len(buckets), group_index, params,
+                                 [self._parameter_names[p] for p in params], rank, size)
+                if bucket.count:
+                    bucket.optimizer = self._zero_shard_optimizer(bucket)
+                buckets.append(bucket)
+        return buckets
+
+    def _zero_shard_optimizer(self, bucket: _Bucket) -> torch.optim.Optimizer:
+        cls = self._zero_base
+        group = {k: v for k, v in self.param_groups[bucket.group].items()
+                 if k not in _NOT_HYPERPARAMETERS}
+        # The defaults the constructor takes (AdamW's defaults hold one it sets itself);
+        # the group carries every hyper-parameter anyway.
+        accepted = inspect.signature(cls.__init__).parameters
+        takes_any = any(p.kind == p.VAR_KEYWORD for p in accepted.values())
+        defaults = {k: v for k, v in self.defaults.items() if takes_any or k in accepted}
+        try:
+            return cls([dict(group, params=[bucket.shard])], **defaults)
+        except TypeError as exc:
+            raise ValueError(f"shard_optimizer_state=True builds one {cls.__name__} per shard "
+                             f"as {cls.__name__}(param_groups, **optimizer.defaults), which "
+                             f"failed: {exc}") from exc
+
+    # -- public API --------------------------------------------------------------------
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Reduce on every passes-th backward; gradients accumulate locally in between."""
+        if int(passes) < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+        self.backward_passes_per_step = int(passes)
+        self._zero_delay = {p: self.backward_passes_per_step for p in self._zero_bucket_of}
+
+    def synchronize(self) -> None:
+        """Finish every bucket's reduction (submitting those no hook completed). Stage 2:
+        each rank then holds its shard of the averaged gradients (``param.grad`` is
+        None); stage 1: ``param.grad`` is the averaged gradient."""
+        try:
+            check_tracked(self, self._zero_delay, self._parameter_names)
+            for bucket in self._zero_buckets:
+                if bucket not in self._zero_submitted:
+                    self._zero_submit(bucket)
+            for bucket in self._zero_buckets:
+                handle, ctx = bucket.pending
+                bucket.pending = None
+                bucket.reduced = self._zero_compression.decompress(
+                    mpi_ops.synchronize(handle), ctx)
+                if self._zero_stage == 1:
+                    for param, offset, numel in zip(bucket.params, bucket.offsets,
+                                                    bucket.numels):
+                        param.grad = bucket.reduced[offset:offset + numel].view(param.shape)
+        except Exception:
+            self._zero_abandon_step()
+            raise
+        self._zero_next_step()
+        self._zero_synchronized = True
+
+    def register_comm_hook(self, state: Any, hook: Callable[..., Any]) -> None:
+        raise ValueError("register_comm_hook does not apply with shard_optimizer_state=True: "
+                         "gradients are reduce-scattered, not allreduced. For fewer bytes "
+                         "use compression=hvd.Compression.fp16 or .bf16.")
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """For ``synchronize(); clip_grad_norm_(...); with skip_synchronize(): step()``."""
+        self._zero_should_sync = False
+        try:
+            yield
+        finally:
+            self._zero_should_sync = True
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Reduce (unless synchronized already), step every shard, allgather the updated
+        shards into the parameters. A closure runs first (it usually runs forward and
+        backward), and its loss is returned."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._zero_should_sync:
+            if self._zero_synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "after optimizer.synchronize(); the gradients are reduced "
+                              "again. Wrap step() in `with optimizer.skip_synchronize():`.")
+            self.synchronize()
+        self._zero_synchronized = False
+        self._zero_loaded = None
+        self.wait_for_parameters()
+        for bucket in self._zero_buckets:
+            bucket.adopt()
+            if bucket.optimizer is not None:
+                shard_grad = self._zero_shard_grad(bucket)
+                inner_group = bucket.optimizer.param_groups[0]
+                for key, value in self.param_groups[bucket.group].items():
+                    if key not in _NOT_HYPERPARAMETERS:
+                        inner_group[key] = value
+                bucket.shard.grad = shard_grad
+                bucket.optimizer.step()
+                bucket.shard.grad = None
+            if self._zero_stage == 2:
+                bucket.reduced = None
+            # The shard is this rank's part of flat: gathered in place.
+            self._zero_gathering[bucket] = allgather_into_async(
+                bucket.shard, bucket.flat, name=bucket.gather_name,
+                process_set=self._zero_process_set)
+        if not self._zero_defer:
+            self.wait_for_parameters()
+        if self._zero_buffer_sync is not None:
+            self._zero_buffer_sync()
+        return loss
+
+    def defer_parameter_gather(self, model: torch.nn.Module) -> None:
+        """Let ``step()`` return once the updated shards' allgathers are started: each
+        module of ``model`` waits for its own parameters in a forward pre-hook, so the
+        gathers of later layers overlap the forward of earlier ones. Parameters read
+        outside a forward of ``model`` (saving, evaluation by other code) need
+        ``wait_for_parameters()`` first; ``step()``, the state dict methods and
+        ``broadcast_optimizer_state`` wait themselves. Under torch.compile each hook is
+        a graph break."""
+        me = weakref.ref(self)
+        handles = []
+        for module in model.modules():
+            buckets = {self._zero_bucket_of[p] for p in module.parameters(recurse=False)
+                       if p in self._zero_bucket_of}
+            if buckets:
+                def hook(module: Any, args: Any, buckets: set[_Bucket] = buckets) -> None:
+                    optimizer = me()
+                    if optimizer is not None:
+                        optimizer._zero_wait(buckets)
+                handles.append(module.register_forward_pre_hook(hook))
+        weakref.finalize(self, _remove, handles)
+        self._zero_defer = True
+
+    def wait_for_parameters(self) -> None:
+        """Wait for the allgathers ``step()`` left running (``defer_parameter_gather``)."""
+        self._zero_wait(list(self._zero_gathering))
+
+    def _zero_wait(self, buckets: Any) -> None:
+        for bucket in buckets:
+            handle = self._zero_gathering.pop(bucket, None)
+            if handle is not None:
+                mpi_ops.synchronize(handle)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._zero_submitted or any(d != self.backward_passes_per_step
+                                       for d in self._zero_delay.values()):
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(): gradient reductions are "
+                "pending (or accumulating for backward_passes_per_step), and zeroing now "
+                "would race with them. Call step() (or synchronize()) first.")
+        super().zero_grad(set_to_none)
+        for bucket in self._zero_buckets:
+            bucket.reduced = None
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Scale the averaged gradients so that their norm over all shards is at most
+        max_norm, as ``torch.nn.utils.clip_grad_norm_`` over every parameter would;
+        returns that total norm. Collective: every rank calls it, after
+        ``synchronize()`` and before ``step()`` (inside ``skip_synchronize()``)."""
+        if not self._zero_synchronized:
+            raise RuntimeError("clip_grad_norm_() needs the reduced gradients: call "
+                               "optimizer.synchronize() first, then step() inside "
+                               "`with optimizer.skip_synchronize():`.")
+        norm_type = float(norm_type)
+        shards = [self._zero_shard_grad(b) for b in self._zero_buckets if b.count]
+        if norm_type == float("inf"):
+            local = max((float(g.abs().max()) for g in shards if g.numel()), default=0.0)
+            total = mpi_ops.allreduce(torch.tensor(local, dtype=torch.float64),
+                                      name="zero.clip.max", op=ReduceOp.MAX,
+                                      process_set=self._zero_process_set)
+        else:
+            local = sum((torch.linalg.vector_norm(g, norm_type, dtype=torch.float64)
+                         ** norm_type for g in shards), torch.tensor(0.0, dtype=torch.float64))
+            total = mpi_ops.allreduce(local, name="zero.clip.sum", op=ReduceOp.SUM,
+                                      process_set=self._zero_process_set) ** (1.0 / norm_type)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        with torch.no_grad():
+            for bucket in self._zero_buckets:  # stage 1: param.grad too (views of it)
+                if bucket.reduced is not None:
+                    bucket.reduced.mul_(coefficient.to(bucket.reduced.dtype))
+        return total
+
+    # -- state -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shards of the optimizer state (no communication). Load it back on
+        the same rank of the same job, or pass every rank's to load_state_dict on any
+        number of ranks; ``consolidate_state_dict()`` gives torch's plain format."""
+        self.wait_for_parameters()
+        groups = []
+        for group in self.param_groups:
+            hyper = {k: v for k, v in group.items() if k not in _NOT_HYPERPARAMETERS}
+            groups.append(dict(hyper, params=[self._zero_index[p] for p in group["params"]]))
+        state = {}
+        for bucket in self._zero_buckets:
+            if bucket.optimizer is not None:
+                entries = bucket.optimizer.state_dict()["state"].get(0)
+                if entries:
+                    state[bucket.index] = entries
+        layouts = [bucket_layout([self._zero_index[p] for p in b.params],
+                                 [p.shape for p in b.params], b.start, b.count)
+                   for b in self._zero_buckets]
+        return {"state": state, "param_groups": groups,
+                SHARDED_KEY: {"world_size": self._zero_process_set.size(),
+                              "rank": self._zero_process_set.rank(),
+                              "stage": self._zero_stage, "buckets": layouts}}
+
+    def consolidate_state_dict(self, to: int | None = 0) -> dict[str, Any] | None:
+        """The whole optimizer state in torch's plain format (what the wrapped optimizer
+        would hold without sharding; loadable into it, or into a sharded optimizer on any
+        number of ranks) on rank ``to`` (a world rank; None: on every rank), None on the
+        others. Collective. Peak memory: the whole state on ``to``, one rank's shards
+        elsewhere."""
+        mine = self.state_dict()
+        ranks = self._zero_process_set.ranks or list(range(self._zero_process_set.size()))
+        gathered = []
+        for index, world_rank in enumerate(ranks):
+            piece = broadcast_object(mine if index == self._zero_process_set.rank() else None,
+                                     root_rank=world_rank,
+                                     name=f"zero.consolidate.{index}",
+                                     process_set=self._zero_process_set)
+            if to is None or _world_rank() == to:
+                gathered.append(piece)
+        return consolidate(gathered) if gathered else None
+
+    def load_state_dict(self, state_dict: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        """Load a consolidated state dict (torch's format, e.g. from
+        ``consolidate_state_dict()`` or a plain optimizer), this rank's own sharded one,
+        or the list of every rank's sharded ones (from any number of ranks). Local: each
+        rank takes its shards. Abandons a step in progress, as DistributedOptimizer's."""
+        self.wait_for_parameters()
+        self._zero_abandon_step()
+        if isinstance(state_dict, (list, tuple)):
+            state_dict = consolidate(state_dict)
+        meta = state_dict.get(SHARDED_KEY)
+        if meta is None:
+            self._zero_load_consolidated(state_dict)
+            self._zero_loaded = state_dict
+            return
+        layouts = [bucket_layout([self._zero_index[p] for p in b.params],
+                                 [p.shape for p in b.params], b.start, b.count)
+                   for b in self._zero_buckets]
+        if meta["world_size"] != self._zero_process_set.size() or \
+                meta["rank"] != self._zero_process_set.rank() or meta["buckets"] != layouts:
+            raise ValueError(
+                f"load_state_dict: this sharded state dict is rank {meta['rank']}'s of "
+                f"{meta['world_size']} ranks, with its own layout; on rank "
+                f"{self._zero_process_set.rank()} of {self._zero_process_set.size()} pass the "
+                "list of every rank's sharded state dicts, or a consolidated one.")
+        self._zero_load_groups(state_dict["param_groups"])
+        for bucket in self._zero_buckets:
+            if bucket.optimizer is not None:
+                self._zero_load_shard(bucket, state_dict["state"].get(bucket.index, {}))
+
+    def _zero_load_consolidated(self, state_dict: dict[str, Any]) -> None:
+        self._zero_load_groups(state_dict["param_groups"])
+        for bucket in self._zero_buckets:
+            if bucket.optimizer is not None:
+                layout = bucket_layout([self._zero_index[p] for p in bucket.params],
+                                       [p.shape for p in bucket.params], bucket.start,
+                                       bucket.count)
+                self._zero_load_shard(bucket, shard_of(state_dict, layout, bucket.names))
+
+    def _zero_load_groups(self, groups: list[dict[str, Any]]) -> None:
+        if len(groups) != len(self.param_groups) or any(
+                len(g["params"]) != len(mine["params"])
+                for g, mine in zip(groups, self.param_groups)):
+            raise ValueError("load_state_dict: the state dict's param groups do not match "
+                             "this optimizer's (number of groups or of parameters in one)")
+        for mine, loaded in zip(self.param_groups, groups):
+            mine.update({k: v for k, v in loaded.items() if k not in _NOT_HYPERPARAMETERS})
+
+    def _zero_load_shard(self, bucket: _Bucket, entries: dict[str, Any]) -> None:
+        inner = bucket.optimizer
+        group = dict(inner.param_groups[0], **{
+            k: v for k, v in self.param_groups[bucket.group].items()
+            if k not in _NOT_HYPERPARAMETERS})
+        group["params"] = [0]
+        inner.state.clear()
+        inner.load_state_dict({"state": {0: entries} if entries else {},
+                               "param_groups": [group]})
+
+    def _zero_broadcast_state(self, root_rank: int) -> None:
+        """``broadcast_optimizer_state`` for sharded state (collective). The shards are
+        one state between them, so what root sends is its hyper-parameters, and the state
+        it loaded from a consolidated dict since its last step (the usual resume: rank 0
+        loads a checkpoint, then broadcasts), which every rank then loads its part of."""
+        is_root = _world_rank() == root_rank
+        loaded = broadcast_object(self._zero_loaded if is_root else None, root_rank,
+                                  name="zero.broadcast_state.loaded",
+                                  process_set=self._zero_process_set)
+        if loaded is not None:
+            if not is_root:
+                self.load_state_dict(loaded)
+            self._zero_loaded = None
+            return
+        groups = broadcast_object(
+            [{k: v for k, v in g.items() if k not in _NOT_HYPERPARAMETERS}
+             for g in self.param_groups] if is_root else None, root_rank,
+            name="zero.broadcast_state.groups", process_set=self._zero_process_set)
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"broadcast_optimizer_state: rank {root_rank} has {len(groups)} "
+                             f"param groups, this rank {len(self.param_groups)}")
+        for mine, theirs in zip(self.param_groups, groups):
+            mine.update(theirs)
+
+    def shard_state_bytes(self) -> int:
+        """Bytes of the tensors in this rank's optimizer state."""
+        return sum(v.numel() * v.element_size() for b in self._zero_buckets
+                   if b.optimizer is not None for entries in b.optimizer.state.values()
+                   for v in entries.values() if isinstance(v, torch.Tensor))
+
+    # -- gradient flow -----------------------------------------------------------------
+    def _zero_shard_grad(self, bucket: _Bucket) -> torch.Tensor:
+        reduced = bucket.reduced
+        if reduced is None:
+            raise RuntimeError("the gradients were not reduced: call synchronize() first")
+        if self._zero_stage == 1:
+            reduced = reduced[bucket.start:bucket.start + bucket.count]
+        return reduced if reduced.dtype == bucket.shard.dtype else reduced.to(bucket.shard.dtype)
+
+    def _zero_grad_ready(self, param: torch.Tensor) -> None:
+        bucket = self._zero_bucket_of[param]
+        if bucket in self._zero_submitted or self._zero_delay[param] <= 0:
+            raise AssertionError(
+                f"the gradient of '{self._parameter_names[param]}' was computed more than "
+                f"backward_passes_per_step={self.backward_passes_per_step} times before "
+                "step(). Call step() after each backward, or increase "
+                "backward_passes_per_step to accumulate gradients locally.")
+        self._zero_delay[param] -= 1
+        if self._zero_delay[param] > 0:
+            return
+        bucket.arrived += 1
+        if bucket.arrived == len(bucket.params):
+            self._zero_submit(bucket)
+
+    def _zero_submit(self, bucket: _Bucket) -> None:
+        self._zero_submitted.add(bucket)
+        compressed, ctx = self._zero_compression.compress(bucket.gradient())
+        prescale, postscale = self._zero_scale
+        if self._zero_stage == 2:
+            for param in bucket.params:  # each rank keeps only its shard of the sum
+                param.grad = None
+            handle = mpi_ops.reducescatter_async(
+                compressed, name=bucket.reduce_name, op=self._zero_op,
+                process_set=self._zero_process_set, prescale_factor=prescale,
+                postscale_factor=postscale)
+        else:
+            handle = mpi_ops.allreduce_async(
+                compressed, name=bucket.reduce_name, op=self._zero_op,
+                prescale_factor=prescale, postscale_factor=postscale,
+                process_set=self._zero_process_set)
+        bucket.pending = (handle, ctx)
+
+    def _zero_next_step(self) -> None:
+        self._zero_submitted.clear()
+        for bucket in self._zero_buckets:
+            bucket.arrived = 0
+        for param in self._zero_delay:
+            self._zero_delay[param] = self.backward_passes_per_step
+
+    def _zero_abandon_step(self) -> None:
+        for bucket in self._zero_buckets:
+            if bucket.pending is not None:
+                try:
+                    mpi_ops.synchronize(bucket.pending[0])
+                except Exception:
+                    pass
+                bucket.pending = None
+            bucket.reduced = None
+        self._zero_next_step()
+        self._zero_synchronized = False
+
+
+_ShardedOptimizer.step.hooked = True  # type: ignore[attr-defined]
+_classes: dict[type, type] = {}
+
+
+def _world_rank() -> int:
+    from ..common.api.process_state import rank
+    return rank()
+
+
+def _remove(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()
+
+
+def sharded_class(base: type) -> type:
+    if base not in _classes:
+        _classes[base] = type(base.__name__, (_ShardedOptimizer, base),
+                              {"__module__": __name__, "_zero_base": base})
+    return _classes[base]
