@@ -1,11 +1,14 @@
-"""Shared by the TensorFlow workers: quiet TF, deterministic per-rank data, checks."""
+"""Shared by the TensorFlow workers: quiet TF, per-dtype tolerances, deterministic per-rank
+data. The workers check and report through tests/worker_support.py (put on sys.path here)."""
 from __future__ import annotations
 
 import os
 import sys
 import zlib
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
@@ -15,7 +18,11 @@ def quiet_tensorflow() -> None:
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")
 
+
+# worker_support.close(..., tol=FLOAT_TOL[dtype]) is np.allclose(rtol=tol, atol=tol); an
+# integer or bool dtype (no entry: tol 0) compares exactly.
 FLOAT_TOL = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-5, "float64": 1e-12}
+F64_TOL = FLOAT_TOL["float64"]
 
 
 def data(rank: int, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
