@@ -276,7 +276,7 @@ def resume(rank: int, size: int, tmp: Path) -> None:
     the other ranks build afresh, and BroadcastGlobalVariablesCallback aligns them. Only
     rank 0's optimizer was built, so the ranks broadcast different variable lists and
     waited on each other for good. Against one process resuming on the whole batch."""
-    path = tmp / "model.keras"  # saved by check_fit
+    path = tmp / "model.keras"  # saved by fit
     x, y = dataset(size, 4, seed=11)
     reference = keras.models.load_model(path)
     reference.fit(x, y, batch_size=PER_RANK_BATCH * size, epochs=1, shuffle=False, verbose=0)
