@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from multirank import assert_ok, run_ranks
+from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "elastic_worker.py"
+CHECKS = ["sync", "epoch_numbering", "tensorflow_state", "keras_fit"]
 
 
 def test_elastic_state_retry_and_fit():
     result = run_ranks(WORKER, 2, timeout=180)
-    assert_ok(result)
-    for rank in range(2):
-        assert f"OK elastic rank {rank} of 2" in result.stdout, result.stdout
+    assert_ranks_ok(result, 2, CHECKS)

@@ -10,14 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from multirank import assert_ok, run_ranks
+from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "layers_worker.py"
+CHECKS = ["keras_module", "horovod_names", "partial_tape", "partial_optimizer",
+          "aggregation_after_failure", "local_overflow_under_mixed_precision",
+          "sync_batch_norm"]
 
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_sync_batch_norm_local_layers_and_keras_module(np_):
     result = run_ranks(WORKER, np_, timeout=240)
-    assert_ok(result)
-    for rank in range(np_):
-        assert f"OK layers rank {rank} of {np_}" in result.stdout, result.stdout
+    assert_ranks_ok(result, np_, CHECKS)

@@ -1,11 +1,14 @@
-"""Shared by the TensorFlow workers: quiet TF, deterministic per-rank data, checks."""
+"""Shared by the TensorFlow workers: quiet TF, per-dtype tolerances, deterministic per-rank
+data. The workers check and report through tests/worker_support.py (put on sys.path here)."""
 from __future__ import annotations
 
 import os
 import sys
 import zlib
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
@@ -15,7 +18,11 @@ def quiet_tensorflow() -> None:
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")
 
+
+# worker_support.close(..., tol=FLOAT_TOL[dtype]) is np.allclose(rtol=tol, atol=tol); an
+# integer or bool dtype (no entry: tol 0) compares exactly.
 FLOAT_TOL = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-5, "float64": 1e-12}
+F64_TOL = FLOAT_TOL["float64"]
 
 
 def data(rank: int, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -29,40 +36,3 @@ def data(rank: int, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray
         import ml_dtypes
         return values.astype(ml_dtypes.bfloat16)
     return values.astype(dtype)
-
-
-class Checker:
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.count = 0
-
-    def true(self, cond: bool, what: str) -> None:
-        self.count += 1
-        if not cond:
-            raise AssertionError(f"rank {self.rank}: {what}")
-
-    def close(self, got, want, what: str, dtype: str = "float64", tol: float | None = None) -> None:
-        got = np.asarray(got)
-        want = np.asarray(want)
-        self.true(got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}")
-        tol = FLOAT_TOL.get(dtype, 0.0) if tol is None else tol
-        if got.dtype == np.bool_ or want.dtype == np.bool_:
-            self.true(bool((got == want).all()), f"{what}: {got} != {want}")
-            return
-        ok = np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
-        self.true(ok, f"{what}:\n got {got}\nwant {want}")
-
-    def raises(self, fn, exc_types, must_contain: str, what: str) -> BaseException:
-        try:
-            fn()
-        except exc_types as exc:  # noqa: BLE001
-            self.true(must_contain in str(exc), f"{what}: '{must_contain}' not in: {exc}")
-            return exc
-        self.true(False, f"{what}: no error raised")
-        raise AssertionError  # unreachable
-
-
-def ok(rank: int, size: int, checker: Checker, label: str) -> None:
-    # One write per line: ranks' output is merged by chunks (see tests/multirank.py).
-    sys.stdout.write(f"OK {label} rank {rank} of {size} ({checker.count} checks)\n")
-    sys.stdout.flush()

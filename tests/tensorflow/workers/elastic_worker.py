@@ -3,14 +3,13 @@
 Every rank also computes the reference itself (numpy, or plain Keras without
 horovodish), so each check compares the elastic result with an independent computation.
 A failure is a deliberate mismatch (rank-dependent shapes under one name), which raises
-on every rank, as a lost peer would.
+on every rank, as a lost peer would. Each part is a named check (tests/worker_support.py).
 """
 from __future__ import annotations
 
-import sys
-
 import numpy as np
-from checks import Checker, ok, quiet_tensorflow
+from checks import quiet_tensorflow
+from worker_support import check, close, run_checks, same_on_every_rank  # noqa: E402
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -21,15 +20,15 @@ import horovodish.tensorflow.keras as hvd  # noqa: E402
 LR, MU = 0.1, 0.9
 
 
-def same_on_every_rank(c: Checker, arrays: list, what: str) -> None:
-    everyone = hvd.allgather_object([np.asarray(a) for a in arrays])
-    c.true(all(len(theirs) == len(arrays) and all(np.array_equal(a, b) for a, b in
-                                                  zip(everyone[0], theirs))
-               for theirs in everyone), f"{what}: ranks differ")
+def same_arrays_on_every_rank(arrays: list, what: str) -> None:
+    """Every array the same on every rank: how many and their shapes, then the values."""
+    arrays = [np.asarray(a) for a in arrays]
+    same_on_every_rank(np.array(repr([a.shape for a in arrays])), f"{what}: shapes")
+    same_on_every_rank(np.concatenate([a.astype(np.float64).ravel() for a in arrays]), what)
 
 
 # -- (a) TensorFlowState + run, failing inside tf.function --------------------------------------
-def check_tensorflow_state(c: Checker, rank: int, size: int) -> None:
+def tensorflow_state(rank: int, size: int) -> None:
     """Linear regression with heavy-ball momentum in tf.Variables, one tf.function step
     with DistributedGradientTape. The first attempt fails inside the graph after step 5's
     update was applied (commits after every second step): the retry must start at step 4
@@ -57,10 +56,10 @@ def check_tensorflow_state(c: Checker, rank: int, size: int) -> None:
     state.step = 9
     state.losses.append(2.0)
     state.restore()
-    c.close(w.numpy(), committed[0], "restore: w", tol=0)
-    c.true(b.numpy() == committed[1], "restore: b")
-    c.true(state.step == 2 and state.losses == [1.0], f"restore: kwargs {state.step} "
-           f"{state.losses}")
+    close(w.numpy(), committed[0], "restore: w", tol=0)
+    check(b.numpy() == committed[1], "restore: b")
+    check(state.step == 2 and state.losses == [1.0], f"restore: kwargs {state.step} "
+          f"{state.losses}")
     state.step, state.losses = 0, []
     w.assign(np.full(features, 0.5 * (rank + 1)))
     b.assign(float(rank))
@@ -83,8 +82,8 @@ def check_tensorflow_state(c: Checker, rank: int, size: int) -> None:
     @hvd_tf.elastic.run
     def train(state: hvd_tf.elastic.TensorFlowState) -> int:
         attempts.append((state.step, len(state.losses)))
-        same_on_every_rank(c, [w.numpy(), b.numpy(), vw.numpy(), vb.numpy()],
-                           "variables after sync")
+        same_arrays_on_every_rank([w.numpy(), b.numpy(), vw.numpy(), vb.numpy()],
+                                  "variables after sync")
         while state.step < steps:
             failing = len(attempts) == 1 and state.step == fail_at
             poison = tf.zeros(1 + (rank if failing else 0), tf.float64)
@@ -96,9 +95,9 @@ def check_tensorflow_state(c: Checker, rank: int, size: int) -> None:
                 state.commit()
         return state.step
 
-    c.true(train(state) == steps, "train's result")
-    c.true(attempts == [(0, 0), (4, 4)], f"attempts (step, losses) {attempts}: the retry "
-           "must start at the last commit")
+    check(train(state) == steps, "train's result")
+    check(attempts == [(0, 0), (4, 4)], f"attempts (step, losses) {attempts}: the retry "
+          "must start at the last commit")
 
     # numpy, one process, rank 0's start, the global batch.
     rw, rb = np.full(features, 0.5), 0.0
@@ -111,10 +110,10 @@ def check_tensorflow_state(c: Checker, rank: int, size: int) -> None:
         rvw, rvb = MU * rvw + gw, MU * rvb + gb
         rw, rb = rw - LR * rvw, rb - LR * rvb
     for got, want, name in ((w, rw, "w"), (b, rb, "b"), (vw, rvw, "vw"), (vb, rvb, "vb")):
-        c.close(got.numpy(), want, f"TensorFlowState run: {name} against numpy", tol=1e-10)
+        close(got.numpy(), want, f"TensorFlowState run: {name} against numpy", tol=1e-10)
     # The retry's sync gave every rank rank 0's committed list; later entries are its own.
     want = [ours if s >= 4 else first for s, (first, ours) in enumerate(losses)]
-    c.close(state.losses, want, "TensorFlowState run: losses", tol=1e-10)
+    close(state.losses, want, "TensorFlowState run: losses", tol=1e-10)
 
 
 # -- (b) model.fit with KerasState and the callbacks ---------------------------------------------
@@ -161,7 +160,7 @@ class Recorder(keras.callbacks.Callback):
         hvd.allreduce(np.ones(2 + self.rank), name="elastic.fit_failure")
 
 
-def check_keras_fit(c: Checker, rank: int, size: int) -> None:
+def keras_fit(rank: int, size: int) -> None:
     gen = np.random.default_rng(5)
     total = EPOCHS * STEPS
     x = gen.normal(size=(total, size, PER_RANK, FEATURES)).astype(np.float32)
@@ -191,20 +190,20 @@ def check_keras_fit(c: Checker, rank: int, size: int) -> None:
                   verbose=0)
 
     train(state)
-    c.true(recorder.starts == [(0, 0), (1, 2), (1, 4)], f"attempts start at "
-           f"{recorder.starts}: the retries must resume at epoch 1, batches 2 and 4")
-    c.true(recorder.epochs == [[STEPS, 4], [STEPS - 2], [STEPS - 4, STEPS]],
-           f"batches per epoch {recorder.epochs}: a resumed epoch runs what remained of it")
-    c.true((state.epoch, state.batch) == (EPOCHS, 0), f"final state {state.epoch, state.batch}")
-    c.true(int(model.optimizer.iterations.numpy()) == total,
-           f"optimizer steps {int(model.optimizer.iterations.numpy())}, want {total}")
+    check(recorder.starts == [(0, 0), (1, 2), (1, 4)], f"attempts start at "
+          f"{recorder.starts}: the retries must resume at epoch 1, batches 2 and 4")
+    check(recorder.epochs == [[STEPS, 4], [STEPS - 2], [STEPS - 4, STEPS]],
+          f"batches per epoch {recorder.epochs}: a resumed epoch runs what remained of it")
+    check((state.epoch, state.batch) == (EPOCHS, 0), f"final state {state.epoch, state.batch}")
+    check(int(model.optimizer.iterations.numpy()) == total,
+          f"optimizer steps {int(model.optimizer.iterations.numpy())}, want {total}")
     weights = [np.asarray(v) for v in model.weights]
-    same_on_every_rank(c, weights, "fit weights")
+    same_arrays_on_every_rank(weights, "fit weights")
     for got, want in zip(weights, reference.get_weights()):
-        c.close(got, want, "KerasState fit against plain Keras on the global batches", tol=1e-5)
+        close(got, want, "KerasState fit against plain Keras on the global batches", tol=1e-5)
 
 
-def check_epoch_numbering(c: Checker) -> None:
+def epoch_numbering(rank: int, size: int) -> None:
     """Horovod's fit(epochs=total - state.epoch) numbers from 0, Keras's
     fit(initial_epoch=state.epoch) from state.epoch: state.epoch counts on either way."""
     state = hvd_tf.elastic.TensorFlowState(epoch=2)
@@ -215,24 +214,24 @@ def check_epoch_numbering(c: Checker) -> None:
         for epoch in (first, first + 1):
             callback.on_epoch_begin(epoch)
             callback.on_epoch_end(epoch)
-        c.true(state.epoch == 4, f"fit from epoch {first}: state.epoch {state.epoch}, want 4")
+        check(state.epoch == 4, f"fit from epoch {first}: state.epoch {state.epoch}, want 4")
 
 
 # -- (c) sync --------------------------------------------------------------------------------------
-def check_sync(c: Checker, rank: int) -> None:
+def sync(rank: int, size: int) -> None:
     """Rank 1 diverges in variables, optimizer slots and kwargs; sync() gives every rank
     rank 0's, and makes them the restore point."""
     w = tf.Variable(np.arange(3.0) + 10 * rank)
     state = hvd_tf.elastic.TensorFlowState([w], epoch=rank, meta={"rank": rank})
     state.sync()
-    c.close(w.numpy(), np.arange(3.0), "sync: variable is rank 0's", tol=0)
-    c.true(state.epoch == 0 and state.meta == {"rank": 0}, f"sync: kwargs {state.epoch} "
-           f"{state.meta}")
+    close(w.numpy(), np.arange(3.0), "sync: variable is rank 0's", tol=0)
+    check(state.epoch == 0 and state.meta == {"rank": 0}, f"sync: kwargs {state.epoch} "
+          f"{state.meta}")
     w.assign(np.ones(3))
     state.epoch = 5
     state.restore()
-    c.close(w.numpy(), np.arange(3.0), "restore after sync: rank 0's variable", tol=0)
-    c.true(state.epoch == 0, "restore after sync: rank 0's kwargs")
+    close(w.numpy(), np.arange(3.0), "restore after sync: rank 0's variable", tol=0)
+    check(state.epoch == 0, "restore after sync: rank 0's kwargs")
 
     # A commit taken before the optimizer's first step (Keras 3 builds it there): a
     # restore after that step gives back the model and a fresh optimizer's state.
@@ -246,7 +245,7 @@ def check_sync(c: Checker, rank: int) -> None:
     unused = keras.optimizers.Adam(0.05)
     unused.build(model.trainable_variables)
     for got, want in zip(model.weights + optimizer.variables, start + unused.variables):
-        c.close(np.asarray(got), np.asarray(want), "restore to before the first step", tol=0)
+        close(np.asarray(got), np.asarray(want), "restore to before the first step", tol=0)
 
     # A custom loop's optimizer, not compiled into the model; only rank 1's has taken a
     # step (its slots and iterations differ from rank 0's fresh ones).
@@ -257,25 +256,15 @@ def check_sync(c: Checker, rank: int) -> None:
                         model.trainable_variables)
     keras_state = hvd_tf.elastic.TensorFlowKerasState(model, optimizer, batch=7 * rank)
     keras_state.sync()
-    c.true(keras_state.batch == 0, f"sync: keras kwargs {keras_state.batch}")
+    check(keras_state.batch == 0, f"sync: keras kwargs {keras_state.batch}")
     reference = make_model(200)
     for got, want in zip(model.weights, reference.weights):
-        c.close(np.asarray(got), np.asarray(want), "sync: model is rank 0's", tol=0)
-    c.true(int(optimizer.iterations.numpy()) == 0, "sync: optimizer iterations are rank 0's")
-    same_on_every_rank(c, [np.asarray(v) for v in optimizer.variables], "sync: optimizer")
-
-
-def main() -> None:
-    quiet_tensorflow()
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    c = Checker(rank)
-    check_sync(c, rank)
-    check_epoch_numbering(c)
-    check_tensorflow_state(c, rank, size)
-    check_keras_fit(c, rank, size)
-    ok(rank, size, c, "elastic")
+        close(np.asarray(got), np.asarray(want), "sync: model is rank 0's", tol=0)
+    check(int(optimizer.iterations.numpy()) == 0, "sync: optimizer iterations are rank 0's")
+    same_arrays_on_every_rank([np.asarray(v) for v in optimizer.variables], "sync: optimizer")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    quiet_tensorflow()
+    hvd.init()
+    run_checks([sync, epoch_numbering, tensorflow_state, keras_fit], hvd.rank(), hvd.size())

@@ -2,6 +2,8 @@
 against numpy: gradients (the broadcast's on a non-root rank once hung both ranks),
 Horovod's error types, in-place broadcasts, broadcast_global_variables, barrier, sparse
 averages. Each graph is built the same way on every rank, as Horovod's tests build theirs.
+Each is a named check (tests/worker_support.py): a failure is reported and the next check
+still runs.
 """
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import signal
 import time
 
 import numpy as np
-from checks import Checker, ok, quiet_tensorflow
+from checks import F64_TOL, quiet_tensorflow
+from worker_support import check, close, expect_error, run_checks  # noqa: E402
 
 import tensorflow as tf  # noqa: E402  (checks quiets TF first)
 
@@ -25,7 +28,7 @@ def in_graph(fn):
         return fn(session)
 
 
-def check_broadcast_gradient(c: Checker, rank: int, size: int) -> None:
+def broadcast_gradient(rank: int, size: int) -> None:
     """Horovod's test_horovod_broadcast_grad_cpu: one graph, a broadcast and its gradient
     per root, each gradient fetched on its own. On a non-root rank the gradient is zeros;
     built as a constant it no longer depended on the allreduce, so those ranks skipped
@@ -36,11 +39,12 @@ def check_broadcast_gradient(c: Checker, rank: int, size: int) -> None:
             tensor = tf.cast(tf.ones([3] * dim) * rank, dtype)
             grad = tf.gradients(hvd.broadcast(tensor, root), tensor, tf.ones([3] * dim, dtype))
             want = np.ones([3] * dim) * (1.0 if rank == root else 0.0)
-            c.close(session.run(grad[0]), want, f"broadcast gradient, root {root}, {dtype.name}")
+            close(session.run(grad[0]), want, f"broadcast gradient, root {root}, {dtype.name}",
+                  tol=F64_TOL)
     in_graph(body)
 
 
-def check_reducescatter_gradient(c: Checker, rank: int, size: int) -> None:
+def reducescatter_gradient(rank: int, size: int) -> None:
     """Horovod's reducescatter gradient: the allgather of the upstream gradients, times
     size for Sum."""
     def body(session):
@@ -48,11 +52,12 @@ def check_reducescatter_gradient(c: Checker, rank: int, size: int) -> None:
         for op, scale in ((hvd.Sum, size), (hvd.Average, 1)):
             out = hvd.reducescatter(x, op=op)
             grad = tf.gradients(out, x, tf.ones([2, 3], tf.float64))[0]
-            c.close(session.run(grad), np.full((2 * size, 3), scale), f"reducescatter grad {op}")
+            close(session.run(grad), np.full((2 * size, 3), scale), f"reducescatter grad {op}",
+                  tol=F64_TOL)
     in_graph(body)
 
 
-def check_errors(c: Checker, rank: int, size: int) -> None:
+def errors(rank: int, size: int) -> None:
     """Horovod's error types when a session runs the op: FailedPrecondition where ranks
     disagree, InvalidArgument for a bad argument; the message names the tensor and what
     differed, on every rank; the next graph's collectives work."""
@@ -67,9 +72,11 @@ def check_errors(c: Checker, rank: int, size: int) -> None:
         }
         for what, build in cases.items():
             def body(session, build=build, what=what):
-                exc = c.raises(lambda: session.run(build()), tf.errors.FailedPreconditionError,
-                               "ranks disagree on the " + what, f"graph mismatch of the {what}")
-                c.true("g." in str(exc), f"the error names the tensor: {exc}")
+                exc = expect_error(lambda: session.run(build()),
+                                   tf.errors.FailedPreconditionError,
+                                   "ranks disagree on the " + what,
+                                   what=f"graph mismatch of the {what}")
+                check("g." in str(exc), f"the error names the tensor: {exc}")
             in_graph(body)
     for what, build in {
             "not divisible": lambda: hvd.alltoall(tf.ones([size + 1])) if size > 1 else None,
@@ -78,14 +85,14 @@ def check_errors(c: Checker, rank: int, size: int) -> None:
         def body(session, build=build, what=what):
             op = build()
             if op is not None:
-                c.raises(lambda: session.run(op), tf.errors.InvalidArgumentError, what,
-                         f"graph bad argument: {what}")
+                expect_error(lambda: session.run(op), tf.errors.InvalidArgumentError, what,
+                             what=f"graph bad argument: {what}")
         in_graph(body)
-    in_graph(lambda s: c.close(s.run(hvd.allreduce(tf.ones([2]), op=hvd.Sum)),
-                               np.full(2, size), "a graph after the failures"))
+    in_graph(lambda s: close(s.run(hvd.allreduce(tf.ones([2]), op=hvd.Sum)),
+                             np.full(2, size), "a graph after the failures", tol=F64_TOL))
 
 
-def check_variables(c: Checker, rank: int, size: int) -> None:
+def variables(rank: int, size: int) -> None:
     """broadcast_ returns the broadcast values, which a session runs to assign them (a
     RefVariable too); broadcast_global_variables returns the op for a session to run."""
     root = size - 1
@@ -96,24 +103,26 @@ def check_variables(c: Checker, rank: int, size: int) -> None:
         session.run(v1.global_variables_initializer())
         values = hvd.broadcast_([resource, ref], root)
         got = session.run(values)
-        c.close(got[0], np.full(3, root), "broadcast_ value (resource variable)")
-        c.close(got[1], np.full(2, root), "broadcast_ value (RefVariable)")
-        c.close(session.run(resource), np.full(3, root), "broadcast_ assigned (resource)")
-        c.close(session.run(ref), np.full(2, root), "broadcast_ assigned (RefVariable)")
+        close(got[0], np.full(3, root), "broadcast_ value (resource variable)", tol=F64_TOL)
+        close(got[1], np.full(2, root), "broadcast_ value (RefVariable)", tol=F64_TOL)
+        close(session.run(resource), np.full(3, root), "broadcast_ assigned (resource)",
+              tol=F64_TOL)
+        close(session.run(ref), np.full(2, root), "broadcast_ assigned (RefVariable)", tol=F64_TOL)
         session.run([resource.assign(np.full(3, rank, np.float32)),
                      v1.assign(ref, np.full(2, rank, np.int32))])
         session.run(hvd.broadcast_global_variables(0))
-        c.close(session.run(resource), np.zeros(3), "broadcast_global_variables")
-        c.close(session.run(ref), np.zeros(2), "broadcast_global_variables (RefVariable)")
+        close(session.run(resource), np.zeros(3), "broadcast_global_variables", tol=F64_TOL)
+        close(session.run(ref), np.zeros(2), "broadcast_global_variables (RefVariable)",
+              tol=F64_TOL)
         barrier = hvd.barrier()
-        c.true(isinstance(barrier, tf.Operation), f"barrier returns the op: {barrier!r}")
+        check(isinstance(barrier, tf.Operation), f"barrier returns the op: {barrier!r}")
         session.run(barrier)
     in_graph(body)
-    c.raises(lambda: hvd.broadcast_global_variables(0), RuntimeError, "broadcast_variables",
-             "broadcast_global_variables eagerly")
+    expect_error(lambda: hvd.broadcast_global_variables(0), RuntimeError, "broadcast_variables",
+                 what="broadcast_global_variables eagerly")
 
 
-def check_sparse_average(c: Checker, rank: int, size: int) -> None:
+def sparse_average(rank: int, size: int) -> None:
     """IndexedSlices Average: values divided by size with TensorFlow's true division, so
     integer values come back floating, as Horovod's do."""
     def body(session):
@@ -122,8 +131,8 @@ def check_sparse_average(c: Checker, rank: int, size: int) -> None:
             values = tf.constant(np.full((1, 2), 3), dtype)
             slices = tf.IndexedSlices(values, tf.constant([rank]), tf.constant([size, 2]))
             got = session.run(hvd.allreduce(slices, op=hvd.Average).values)
-            c.true(got.dtype == want_dtype, f"sparse Average of {dtype.name}: {got.dtype}")
-            c.close(got, np.full((size, 2), 3 / size), f"sparse Average of {dtype.name}")
+            check(got.dtype == want_dtype, f"sparse Average of {dtype.name}: {got.dtype}")
+            close(got, np.full((size, 2), 3 / size), f"sparse Average of {dtype.name}", tol=F64_TOL)
     in_graph(body)
 
 
@@ -131,7 +140,7 @@ class Alarm(Exception):
     pass
 
 
-def check_interrupt(c: Checker, rank: int, size: int) -> None:
+def interrupt(rank: int, size: int) -> None:
     """A timeout alarm stops a session.run whose collective waits for a late rank (Horovod's
     suite on one rank that failed a check and went on elsewhere hung for good): the
     handler runs within a slice of waiting, the collective completes once the late ranks
@@ -146,39 +155,28 @@ def check_interrupt(c: Checker, rank: int, size: int) -> None:
             start = time.monotonic()
             try:
                 session.run(late)
-                c.true(False, "session.run returned though the other ranks were late")
+                check(False, "session.run returned though the other ranks were late")
             except (Alarm, RuntimeError, tf.errors.OpError) as exc:
                 # Alarm itself, or the op's error; or (the handler raising while
                 # TensorFlow's pybind11 layer converts the op's error) a RuntimeError that
                 # names both.
-                c.true(isinstance(exc, Alarm) or "stopped waiting" in str(exc)
-                       or "Alarm" in str(exc), f"the alarm stopped the wait: {exc!r}")
+                check(isinstance(exc, Alarm) or "stopped waiting" in str(exc)
+                      or "Alarm" in str(exc), f"the alarm stopped the wait: {exc!r}")
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
-            c.true(time.monotonic() - start < 2.5,
-                   f"stopped after {time.monotonic() - start:.1f} s, not when the peers came")
+            check(time.monotonic() - start < 2.5,
+                  f"stopped after {time.monotonic() - start:.1f} s, not when the peers came")
         in_graph(body)
     else:
         time.sleep(3)  # late: rank 0's alarm goes off meanwhile
         hvd.allreduce(tf.ones([2]), name="late", op=hvd.Sum)
-    in_graph(lambda s: c.close(s.run(hvd.allreduce(tf.ones([2]), op=hvd.Sum)),
-                               np.full(2, size), "a graph after the interrupted one"))
-
-
-def main() -> None:
-    quiet_tensorflow()
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    c = Checker(rank)
-    check_broadcast_gradient(c, rank, size)
-    check_reducescatter_gradient(c, rank, size)
-    check_errors(c, rank, size)
-    check_variables(c, rank, size)
-    check_sparse_average(c, rank, size)
-    check_interrupt(c, rank, size)
-    ok(rank, size, c, "graph")
+    in_graph(lambda s: close(s.run(hvd.allreduce(tf.ones([2]), op=hvd.Sum)),
+                             np.full(2, size), "a graph after the interrupted one", tol=F64_TOL))
 
 
 if __name__ == "__main__":
-    main()
+    quiet_tensorflow()
+    hvd.init()
+    run_checks([broadcast_gradient, reducescatter_gradient, errors, variables, sparse_average,
+                interrupt], hvd.rank(), hvd.size())

@@ -1,13 +1,14 @@
 """SyncBatchNormalization, the Partial (local-layer) tape and optimizer, and the
 ``horovodish.keras`` module, on every rank against references computed in-process
 without collectives: one process on the whole batch, or this rank's own gradients.
+Each is a named check (tests/worker_support.py).
 """
 from __future__ import annotations
 
-import sys
-
 import numpy as np
-from checks import Checker, ok, quiet_tensorflow
+from checks import F64_TOL, quiet_tensorflow
+from worker_support import (check, close, expect_error, run_checks,  # noqa: E402
+                            same_on_every_rank)
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -15,7 +16,7 @@ import tensorflow as tf  # noqa: E402
 import horovodish.keras as hvd  # noqa: E402  (the module horovod.keras users import)
 import horovodish.tensorflow as hvd_tf  # noqa: E402
 import horovodish.tensorflow.keras as hvd_tf_keras  # noqa: E402
-from keras_worker import LOSS, PER_RANK_BATCH, flat, same_on_every_rank, shard  # noqa: E402
+from keras_worker import LOSS, PER_RANK_BATCH, flat, shard  # noqa: E402
 
 FEATURES, CLASSES = 5, 3
 
@@ -40,7 +41,7 @@ def dense_grads(grads) -> list[np.ndarray]:
 
 
 # -- SyncBatchNormalization ------------------------------------------------------------------
-def check_sync_batch_norm(c: Checker, rank: int, size: int) -> None:
+def sync_batch_norm(rank: int, size: int) -> None:
     x, y = dataset(size, 1)
     rows = shard(np.arange(len(x)), rank, size)
     reference = make_model(keras.layers.BatchNormalization)
@@ -60,30 +61,30 @@ def check_sync_batch_norm(c: Checker, rank: int, size: int) -> None:
     for mode, run in (("eager", step), ("tf.function", tf.function(step))):
         model = make_model(hvd.SyncBatchNormalization)
         bn = model.layers[2]
-        c.true(isinstance(bn, hvd_tf.SyncBatchNormalization), "the layer is ours")
+        check(isinstance(bn, hvd_tf.SyncBatchNormalization), "the layer is ours")
         out, grads = run(model, tf.constant(x[rows]), tf.constant(y[rows]))
-        c.close(out.numpy(), ref_out.numpy()[rows], f"{mode}: outputs use the global batch's "
-                "statistics", tol=1e-5)
+        close(out.numpy(), ref_out.numpy()[rows], f"{mode}: outputs use the global batch's "
+              "statistics", tol=1e-5)
         for got, want, var in zip(dense_grads(grads), ref_grads, model.trainable_variables):
-            c.close(got, want, f"{mode}: gradient of {var.path} == whole batch's", tol=1e-5)
-        c.close(bn.moving_mean.numpy(), ref_bn.moving_mean.numpy(),
-                f"{mode}: moving mean", tol=1e-5)
-        c.close(bn.moving_variance.numpy(), ref_bn.moving_variance.numpy(),
-                f"{mode}: moving variance", tol=1e-5)
+            close(got, want, f"{mode}: gradient of {var.path} == whole batch's", tol=1e-5)
+        close(bn.moving_mean.numpy(), ref_bn.moving_mean.numpy(),
+              f"{mode}: moving mean", tol=1e-5)
+        close(bn.moving_variance.numpy(), ref_bn.moving_variance.numpy(),
+              f"{mode}: moving variance", tol=1e-5)
         local = make_model(keras.layers.BatchNormalization)(x[rows], training=True).numpy()
-        c.true(not np.allclose(local, out.numpy(), atol=1e-3),
-               f"{mode}: differs from per-rank statistics (the test can see a local layer)")
+        check(not np.allclose(local, out.numpy(), atol=1e-3),
+              f"{mode}: differs from per-rank statistics (the test can see a local layer)")
 
     # A large mean against a small spread: E[x^2] - E[x]^2 in float32 gave 0.25 for 0.01.
     wide = (1000.0 + 0.1 * np.random.default_rng(8).normal(size=(4 * size, 3))).astype(
         np.float32)
     want = keras.layers.BatchNormalization()(wide, training=True).numpy()
     got = hvd.SyncBatchNormalization()(wide[4 * rank:4 * rank + 4], training=True).numpy()
-    c.close(got, want[4 * rank:4 * rank + 4], "large mean, small spread", tol=1e-3)
-    c.true(isinstance(hvd.SyncBatchNormalization(fused=False), hvd.SyncBatchNormalization),
-           "fused=False accepted (Horovod's layer takes it)")
-    c.raises(lambda: hvd.SyncBatchNormalization(fused=True), ValueError, "fused=False",
-             "fused=True refused")
+    close(got, want[4 * rank:4 * rank + 4], "large mean, small spread", tol=1e-3)
+    check(isinstance(hvd.SyncBatchNormalization(fused=False), hvd.SyncBatchNormalization),
+          "fused=False accepted (Horovod's layer takes it)")
+    expect_error(lambda: hvd.SyncBatchNormalization(fused=True), ValueError, "fused=False",
+                 what="fused=True refused")
 
     # A mask: only the unmasked positions of every rank count.
     seq = np.random.default_rng(5).normal(size=(2 * size, 3, FEATURES)).astype(np.float32)
@@ -94,7 +95,7 @@ def check_sync_batch_norm(c: Checker, rank: int, size: int) -> None:
     want = ref_layer(seq, training=True, mask=mask).numpy()
     layer = hvd.SyncBatchNormalization()
     got = layer(seq[mine], training=True, mask=mask[mine]).numpy()
-    c.close(got, want[mine], "masked: the global batch's masked statistics", tol=1e-5)
+    close(got, want[mine], "masked: the global batch's masked statistics", tol=1e-5)
 
     # model.fit on shards == one process on the whole batch, moving statistics included.
     x, y = dataset(size, 4)
@@ -105,13 +106,13 @@ def check_sync_batch_norm(c: Checker, rank: int, size: int) -> None:
     model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), LOSS)
     model.fit(shard(x, rank, size), shard(y, rank, size), batch_size=PER_RANK_BATCH, epochs=2,
               shuffle=False, verbose=0)
-    c.true(not model.jit_compile, "SyncBatchNormalization keeps jit_compile='auto' off")
-    same_on_every_rank(c, flat(model.get_weights()), "fit: weights")
-    c.close(flat(model.get_weights()), flat(reference.get_weights()),
-            "fit with SyncBatchNormalization == one process on the whole batch", tol=1e-4)
+    check(not model.jit_compile, "SyncBatchNormalization keeps jit_compile='auto' off")
+    same_on_every_rank(flat(model.get_weights()), "fit: weights")
+    close(flat(model.get_weights()), flat(reference.get_weights()),
+          "fit with SyncBatchNormalization == one process on the whole batch", tol=1e-4)
 
-    c.raises(lambda: hvd.SyncBatchNormalization(synchronized=True), ValueError,
-             "synchronized=True", "tf.distribute's synchronized flag is refused")
+    expect_error(lambda: hvd.SyncBatchNormalization(synchronized=True), ValueError,
+                 "synchronized=True", what="tf.distribute's synchronized flag is refused")
 
 
 # -- local layers --------------------------------------------------------------------------
@@ -122,7 +123,7 @@ def local_model() -> keras.Model:
     return keras.Model(inputs, keras.layers.Dense(CLASSES, name="head")(hidden))
 
 
-def check_partial_tape(c: Checker, rank: int, size: int) -> None:
+def partial_tape(rank: int, size: int) -> None:
     x, y = dataset(size, 1, seed=11)
     mine = shard(np.arange(len(x)), rank, size)
     model = local_model()
@@ -151,16 +152,16 @@ def check_partial_tape(c: Checker, rank: int, size: int) -> None:
         for got, var, glob, own_g in zip(grads_of(scale, compiled), variables, global_grads,
                                          own_grads):
             if id(var) in local_ids:  # this rank's own gradient, not reduced
-                c.close(got, own_g / (size if scale else 1), f"{what}: local {var.path}",
-                        tol=1e-6)
+                close(got, own_g / (size if scale else 1), f"{what}: local {var.path}",
+                      tol=1e-6)
             else:
-                c.close(got, glob, f"{what}: reduced {var.path}", tol=1e-6)
-    c.raises(lambda: hvd_tf.PartialDistributedGradientTape(tf.GradientTape(),
-                                                           local_layers=[head, "x"]),
-             ValueError, "must be Keras layers", "local_layers of the wrong type")
+                close(got, glob, f"{what}: reduced {var.path}", tol=1e-6)
+    expect_error(lambda: hvd_tf.PartialDistributedGradientTape(tf.GradientTape(),
+                                                               local_layers=[head, "x"]),
+                 ValueError, "must be Keras layers", what="local_layers of the wrong type")
 
 
-def check_partial_optimizer(c: Checker, rank: int, size: int) -> None:
+def partial_optimizer(rank: int, size: int) -> None:
     model = local_model()
     head = model.get_layer("head")
     variables = model.trainable_variables
@@ -172,12 +173,12 @@ def check_partial_optimizer(c: Checker, rank: int, size: int) -> None:
     mean_of_ranks = np.mean([r + 1.0 for r in range(size)])
     for i, (var, start, grad) in enumerate(zip(variables, before, grads)):
         if id(var) in local_ids:
-            c.close(var.numpy(), start - grad / size, f"optimizer: local {var.path}", tol=1e-6)
+            close(var.numpy(), start - grad / size, f"optimizer: local {var.path}", tol=1e-6)
         else:
-            c.close(var.numpy(), start - mean_of_ranks * (i + 1), f"optimizer: {var.path}",
-                    tol=1e-6)
-    c.true(not hvd.DistributedOptimizer(keras.optimizers.SGD(1.0))._hvd_local,
-           "another optimizer's local set is its own")
+            close(var.numpy(), start - mean_of_ranks * (i + 1), f"optimizer: {var.path}",
+                  tol=1e-6)
+    check(not hvd.DistributedOptimizer(keras.optimizers.SGD(1.0))._hvd_local,
+          "another optimizer's local set is its own")
 
     # BroadcastGlobalVariablesCallback(local_variables=) leaves those as each rank has them.
     model = local_model()
@@ -188,10 +189,10 @@ def check_partial_optimizer(c: Checker, rank: int, size: int) -> None:
         0, local_variables=head.trainable_weights)
     callback.set_model(model)
     callback.on_train_begin()
-    c.close(flat(model.get_layer("shared").get_weights()),
-            flat(start[:2]), "broadcast: the shared layer is rank 0's", tol=0)
-    c.close(flat(head.get_weights()), flat(start[2:]) + rank,
-            "broadcast: the local head is this rank's own", tol=1e-6)
+    close(flat(model.get_layer("shared").get_weights()),
+          flat(start[:2]), "broadcast: the shared layer is rank 0's", tol=0)
+    close(flat(head.get_weights()), flat(start[2:]) + rank,
+          "broadcast: the local head is this rank's own", tol=1e-6)
 
     # model.fit: the shared layer stays identical across ranks, the head does not.
     x, y = dataset(size, 3, seed=13)
@@ -200,12 +201,12 @@ def check_partial_optimizer(c: Checker, rank: int, size: int) -> None:
                                                   local_layers=model.get_layer("head")), LOSS)
     model.fit(shard(x, rank, size), shard(y, rank, size), batch_size=PER_RANK_BATCH, epochs=2,
               shuffle=False, verbose=0)
-    same_on_every_rank(c, flat(model.get_layer("shared").get_weights()), "fit: shared layer")
+    same_on_every_rank(flat(model.get_layer("shared").get_weights()), "fit: shared layer")
     heads = hvd.allgather_object(flat(model.get_layer("head").get_weights()))
-    c.true(not np.allclose(heads[0], heads[1]), "fit: the local head differs between ranks")
+    check(not np.allclose(heads[0], heads[1]), "fit: the local head differs between ranks")
 
 
-def check_local_overflow_under_mixed_precision(c: Checker, rank: int, size: int) -> None:
+def local_overflow_under_mixed_precision(rank: int, size: int) -> None:
     """A local layer's fp16 gradient overflows on the last rank only: every rank's loss
     scaler must skip that step (once only that rank did, and the shared weights and the
     loss scales parted ways), and the next step applies everywhere."""
@@ -229,21 +230,21 @@ def check_local_overflow_under_mixed_precision(c: Checker, rank: int, size: int)
         # x 3000: the inputs stay below float16's 65504, the local kernel's gradient not.
         big = xs * (3e3 if rank == size - 1 else 1.0)
         model.fit(big, ys, batch_size=len(xs), epochs=1, shuffle=False, verbose=0)
-        c.close(flat(head.get_weights()), start_head, "overflow on one rank: the shared "
-                "layer is not updated on any rank", tol=0)
-        c.close(flat(local.get_weights()), start_local, "overflow on one rank: no local "
-                "layer is updated", tol=0)
-        c.close(float(optimizer.dynamic_scale.numpy()), start_scale / 2,
-                "overflow on one rank: every rank halves its loss scale", tol=0)
+        close(flat(head.get_weights()), start_head, "overflow on one rank: the shared "
+              "layer is not updated on any rank", tol=0)
+        close(flat(local.get_weights()), start_local, "overflow on one rank: no local "
+              "layer is updated", tol=0)
+        close(float(optimizer.dynamic_scale.numpy()), start_scale / 2,
+              "overflow on one rank: every rank halves its loss scale", tol=0)
         model.fit(xs, ys, batch_size=len(xs), epochs=1, shuffle=False, verbose=0)
-        c.true(not np.allclose(flat(head.get_weights()), start_head),
-               "the next step (no overflow) updates the shared layer")
-        same_on_every_rank(c, flat(head.get_weights()), "mixed precision: shared layer")
+        check(not np.allclose(flat(head.get_weights()), start_head),
+              "the next step (no overflow) updates the shared layer")
+        same_on_every_rank(flat(head.get_weights()), "mixed precision: shared layer")
     finally:
         keras.config.set_dtype_policy("float32")
 
 
-def check_aggregation_after_failure(c: Checker, rank: int, size: int) -> None:
+def aggregation_after_failure(rank: int, size: int) -> None:
     """backward_passes_per_step: a reduction that fails drops that round and the next
     rounds train (the counter once stuck past its mark, and training stopped silently)."""
     from horovodish.common.errors import HorovodInternalError
@@ -260,61 +261,63 @@ def check_aggregation_after_failure(c: Checker, rank: int, size: int) -> None:
         def __call__(self, *args, **kwargs):
             raise HorovodInternalError("a peer was lost (simulated)")
     optimizer._hvd_reduction = Failing()
-    c.raises(lambda: optimizer.apply_gradients([(grad, variable)]), HorovodInternalError,
-             "simulated", "the reduction fails")
+    expect_error(lambda: optimizer.apply_gradients([(grad, variable)]), HorovodInternalError,
+                 "simulated", what="the reduction fails")
     optimizer._hvd_reduction = working
     for _ in range(6):
         optimizer.apply_gradients([(grad, variable)])
     mean = np.mean([r + 1.0 for r in range(size)]) * np.array([1.0, 2.0])
-    c.close(variable.numpy(), -3 * 2 * mean, "three rounds of two passes after the failure",
-            tol=1e-6)
+    close(variable.numpy(), -3 * 2 * mean, "three rounds of two passes after the failure",
+          tol=1e-6)
 
 
 # -- horovodish.keras ------------------------------------------------------------------------
-def check_keras_module(c: Checker, rank: int, size: int) -> None:
+def keras_module(rank: int, size: int) -> None:
     import horovodish.keras.callbacks as callbacks
     import horovodish.keras.elastic as elastic
     from horovodish.keras.callbacks import MetricAverageCallback
-    c.true(callbacks is hvd_tf_keras.callbacks and hvd.callbacks is callbacks,
-           "horovodish.keras.callbacks is the Keras adapter's")
-    c.true(elastic is hvd_tf_keras.elastic and hasattr(elastic, "CommitStateCallback"),
-           "horovodish.keras.elastic is the Keras adapter's")
-    c.true(MetricAverageCallback is hvd_tf_keras.callbacks.MetricAverageCallback,
-           "from horovodish.keras.callbacks import ...")
+    check(callbacks is hvd_tf_keras.callbacks and hvd.callbacks is callbacks,
+          "horovodish.keras.callbacks is the Keras adapter's")
+    check(elastic is hvd_tf_keras.elastic and hasattr(elastic, "CommitStateCallback"),
+          "horovodish.keras.elastic is the Keras adapter's")
+    check(MetricAverageCallback is hvd_tf_keras.callbacks.MetricAverageCallback,
+          "from horovodish.keras.callbacks import ...")
     for name in hvd_tf_keras.__all__:
-        c.true(getattr(hvd, name) is getattr(hvd_tf_keras, name), f"horovodish.keras.{name}")
+        check(getattr(hvd, name) is getattr(hvd_tf_keras, name), f"horovodish.keras.{name}")
     got = hvd.allreduce(np.array([rank, 2.0]), name="keras_module.value")
-    c.close(got.numpy(), [np.mean(range(size)), 2.0], "horovodish.keras.allreduce")
+    close(got.numpy(), [np.mean(range(size)), 2.0], "horovodish.keras.allreduce", tol=F64_TOL)
 
 
 # -- Horovod's smaller names -----------------------------------------------------------------
-def check_horovod_names(c: Checker, rank: int, size: int) -> None:
+def horovod_names(rank: int, size: int) -> None:
     local_sizes = hvd.allgather_object(hvd.local_size())
     for module in (hvd, hvd_tf):
-        c.true(module.is_homogeneous() == (len(set(local_sizes)) == 1), "is_homogeneous")
-        c.true(module.sycl_built() is False and module.gloo_enabled() is False,
-               "sycl_built/gloo_enabled")
+        check(module.is_homogeneous() == (len(set(local_sizes)) == 1), "is_homogeneous")
+        check(module.sycl_built() is False and module.gloo_enabled() is False,
+              "sycl_built/gloo_enabled")
 
     def layout():
         return [hvd_tf.size_op(), hvd_tf.rank_op(), hvd_tf.local_size_op(),
                 hvd_tf.local_rank_op(), hvd_tf.process_set_included_op(0)]
     want = [size, rank, hvd.local_size(), hvd.local_rank(), 1]
     for what, values in (("eager", layout()), ("tf.function", tf.function(layout)())):
-        c.true([int(v.numpy()) for v in values] == want, f"{what}: the layout ops")
-        c.true(all(v.dtype == tf.int32 for v in values), f"{what}: int32 like Horovod's")
-    c.raises(lambda: hvd_tf.size_op(process_set_id=77), ValueError, "77", "unknown set id")
+        check([int(v.numpy()) for v in values] == want, f"{what}: the layout ops")
+        check(all(v.dtype == tf.int32 for v in values), f"{what}: int32 like Horovod's")
+    expect_error(lambda: hvd_tf.size_op(process_set_id=77), ValueError, "77", what="unknown set id")
 
     from_one = hvd_tf.broadcast_object_fn(root_rank=1)({"rank": rank})
-    c.true(from_one == {"rank": 1}, f"broadcast_object_fn(root_rank=1): {from_one}")
+    check(from_one == {"rank": 1}, f"broadcast_object_fn(root_rank=1): {from_one}")
 
     x = tf.constant(np.arange(6, dtype=np.float32).reshape(3, 2) * (rank + 1))
     mean = np.arange(6, dtype=np.float32).reshape(3, 2) * np.mean(np.arange(1, size + 1))
-    c.close(hvd_tf.allreduce(x, ignore_name_scope=True).numpy(), mean, "ignore_name_scope")
-    c.close(hvd_tf.grouped_allreduce([x], ignore_name_scope=True)[0].numpy(), mean,
-            "grouped_allreduce(ignore_name_scope=)")
+    close(hvd_tf.allreduce(x, ignore_name_scope=True).numpy(), mean, "ignore_name_scope",
+          tol=F64_TOL)
+    close(hvd_tf.grouped_allreduce([x], ignore_name_scope=True)[0].numpy(), mean,
+          "grouped_allreduce(ignore_name_scope=)", tol=F64_TOL)
     gathered = hvd_tf.grouped_allgather([x], ignore_name_scope=True)[0].numpy()
-    c.close(gathered, np.concatenate([np.arange(6, dtype=np.float32).reshape(3, 2) * (r + 1)
-                                      for r in range(size)]), "grouped_allgather(...)")
+    close(gathered, np.concatenate([np.arange(6, dtype=np.float32).reshape(3, 2) * (r + 1)
+                                    for r in range(size)]), "grouped_allgather(...)",
+          tol=F64_TOL)
 
     # use_generic_names (Horovod's keyword) is accepted; names are positional anyway.
     model = local_model()
@@ -328,35 +331,24 @@ def check_horovod_names(c: Checker, rank: int, size: int) -> None:
     grads = hvd_tf.DistributedGradientTape(tape).gradient(loss, model.trainable_variables,
                                                           use_generic_names=True)
     for got, want in zip(dense_grads(grads), want_grads):
-        c.close(got, want, "gradient(use_generic_names=True)", tol=1e-6)
+        close(got, want, "gradient(use_generic_names=True)", tol=1e-6)
 
     # A failure inside tf.function lists a few of its tensors, not all of them.
     @tf.function
     def many(tensors):
         return hvd_tf.grouped_allreduce(tensors, op=hvd.Sum)
     shapes = [(2,)] * 11 + [(2 + rank,)]
-    error = c.raises(lambda: many([tf.ones(shape) for shape in shapes]), tf.errors.OpError,
-                     "HorovodInternalError", "a mismatch inside tf.function")
-    c.true("tensors_7:0, ... (4 more)" in str(error) and "tensors_8:0" not in str(error),
-           f"the error lists 8 tensors and a count: {error}")
-    c.close(hvd_tf.allreduce(x, op=hvd.Sum, name="after.mismatch").numpy(),
-            mean * size, "the next collective works")
-
-
-def main() -> None:
-    quiet_tensorflow()
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    c = Checker(rank)
-    check_keras_module(c, rank, size)
-    check_horovod_names(c, rank, size)
-    check_partial_tape(c, rank, size)
-    check_partial_optimizer(c, rank, size)
-    check_aggregation_after_failure(c, rank, size)
-    check_local_overflow_under_mixed_precision(c, rank, size)
-    check_sync_batch_norm(c, rank, size)
-    ok(rank, size, c, "layers")
+    error = expect_error(lambda: many([tf.ones(shape) for shape in shapes]), tf.errors.OpError,
+                         "HorovodInternalError", what="a mismatch inside tf.function")
+    check("tensors_7:0, ... (4 more)" in str(error) and "tensors_8:0" not in str(error),
+          f"the error lists 8 tensors and a count: {error}")
+    close(hvd_tf.allreduce(x, op=hvd.Sum, name="after.mismatch").numpy(),
+          mean * size, "the next collective works", tol=F64_TOL)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    quiet_tensorflow()
+    hvd.init()
+    run_checks([keras_module, horovod_names, partial_tape, partial_optimizer,
+                aggregation_after_failure, local_overflow_under_mixed_precision,
+                sync_batch_norm], hvd.rank(), hvd.size())
