@@ -1,4 +1,4 @@
-"""Horovod-style scripts (``import horovod.torch``) run unchanged through the alias
+"""Horovod-style scripts (``import horovod.torch``, ``horovod.tensorflow``) run unchanged through the alias
 package that ``python -m horovodish.compat`` puts on PYTHONPATH (docs/api.md)."""
 from __future__ import annotations
 
@@ -41,3 +41,12 @@ def test_horovod_torch_script(np):
         "the_alias_is_horovodish", "sparse_handle_is_callable",
         "prescale_is_horovods_arithmetic", "reducescatter_gradient_is_horovods",
         "optimizer_names_parameters", "broadcast_state_with_a_frozen_parameter"])
+
+
+def test_horovod_tensorflow_script():
+    result = run_ranks(WORKERS / "horovod_tensorflow_script.py", 2, env=alias_env(),
+                       timeout=180)
+    assert_ranks_ok(result, 2, [
+        "graph_mode_broadcast_global_variables", "graph_mode_broadcast_gradient_does_not_hang",
+        "graph_mode_mismatch_is_failed_precondition", "eager_uint16_collectives",
+        "eager_mismatch_is_failed_precondition"])
