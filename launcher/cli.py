@@ -207,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for --min-np slots before ending the job "
                         "(default 600)")
     e.add_argument("--reset-limit", type=_nonneg_int, metavar="N",
-                   help="restarts after which the job ends (default: no limit)")
+                   help="restarts after which the job ends (default: no limit, but a script "
+                        "failure that repeats with no commit in between ends it)")
     e.add_argument("--blacklist-cooldown-range", type=_nonneg_float, nargs=2,
                    metavar=("MIN", "MAX"),
                    help="seconds a failed host or slot stays out: MIN doubled per earlier "

@@ -28,8 +28,9 @@ One generation:
      wrapper said so): its host loses a slot; the script failed (a rank exited non-zero
      by itself): nothing is dropped.
    Every restart and its reason is logged; after --reset-limit restarts the job ends
-   with the last failure's exit code and reason. A script failure that happens again
-   before any new commit ends the job too (it would fail the same way forever).
+   with the last failure's exit code and reason. Without --reset-limit, a script
+   failure that happens again before any new commit ends the job (it would fail the
+   same way for ever).
 
 The commit directory is removed when the launcher ends (on remote hosts over ssh),
 unless the user chose it (HOROVODISH_ELASTIC_DIR).
@@ -106,11 +107,13 @@ def judge(code: int, reports: Reports, hosts: Sequence[Host]) -> Outcome:
         host = host_of_rank(hosts, rank)
         return Outcome("killed", f"rank {rank} on {host} was killed by {_signal_name(number)}",
                        killed_on=host)
-    failed = [m for m in reports.exits if "code" in m]
-    if failed or reports.errors:
-        rank = int(failed[0].get("rank", -1)) if failed else min(reports.errors)
-        why = reports.errors.get(rank) or next(iter(reports.errors.values()), "")
-        exit_text = f" exited with code {failed[0]['code']}" if failed else " failed"
+    codes = {int(m.get("rank", -1)): int(m["code"]) for m in reports.exits if "code" in m}
+    if codes or reports.errors:
+        # The first exception reported (at the excepthook, before that rank's shutdown
+        # made the others fail) is the cause; else the first exit code.
+        rank = next(iter(reports.errors)) if reports.errors else next(iter(codes))
+        why = reports.errors.get(rank, "")
+        exit_text = f" exited with code {codes[rank]}" if rank in codes else " failed"
         return Outcome("error", f"rank {rank} on {host_of_rank(hosts, rank)}{exit_text}"
                                 + (f": {why}" if why else ""))
     return Outcome("unknown", f"mpirun exited with code {code} and no rank said why")
@@ -232,7 +235,7 @@ class ElasticRun:
                     self.log(f"ending the job: {resets - 1} restarts reached --reset-limit "
                              f"{limit}; the last failure: {outcome.text}")
                     return code or 1
-                if outcome.kind in ("error", "unknown"):
+                if limit is None and outcome.kind in ("error", "unknown"):
                     if last_failure == (outcome.kind, last_seq):
                         self.log(f"ending the job: it failed again with no commit in "
                                  f"between, which a restart cannot fix: {outcome.text}")

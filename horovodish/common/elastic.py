@@ -9,7 +9,8 @@ the message, so its ``run`` passes ``is_failure``.
 Two ways a job recovers, composed (docs/elastic.md):
 
 * **In the same processes** (any launch): a collective fails while every process is
-  alive (a mismatch, a stall shutdown). ``run`` restores the last commit from memory,
+  alive and stays (a mismatch, a stall shutdown; not another rank's shutdown, whose
+  process is ending: that error propagates). ``run`` restores the last commit from memory,
   re-initializes horovodish, syncs and calls the function again.
 * **In a new job** (``horovodishrun --min-np ...``): a rank or a host is lost, so MPI
   ends the job, or the launcher found new hosts and the ranks stopped at a commit
@@ -178,6 +179,14 @@ def _is_internal_error(exc: BaseException) -> bool:
     return isinstance(exc, HorovodInternalError)
 
 
+def _a_rank_left() -> bool:
+    """Whether the failure came from another rank's shutdown (its script ended or
+    failed): its process is going, so a retry here would wait for it in init() for ever.
+    Then the error propagates: under the elastic launcher the job starts again."""
+    current = process_state.current()
+    return current is not None and bool(current.runtime.ranks_left)
+
+
 def _reset() -> None:
     lifecycle.shutdown()
     lifecycle.init()
@@ -217,7 +226,7 @@ def run(func: Callable[..., Any],
                     _leave_for_restart(interrupt)
                 skip_sync = bool(getattr(interrupt, "skip_sync", False))
             except Exception as exc:  # noqa: BLE001 - re-raised unless a failed collective
-                if not is_failure(exc):
+                if not is_failure(exc) or _a_rank_left():
                     raise
                 state.restore()
                 skip_sync = False
