@@ -32,8 +32,9 @@ One generation:
    failure that happens again before any new commit ends the job (it would fail the
    same way for ever).
 
-The commit directory is removed when the launcher ends (on remote hosts over ssh),
-unless the user chose it (HOROVODISH_ELASTIC_DIR).
+The commit directory is removed when the launcher ends (on remote hosts over ssh; not
+on hosts dropped as lost, whose copy stays in their temporary directory), unless the
+user chose it (HOROVODISH_ELASTIC_DIR).
 """
 from __future__ import annotations
 
@@ -368,5 +369,6 @@ def main(args, runner, remote: Remote, config: Mapping[str, str], mpirun_extra: 
     try:
         return job.run({**config, ENV_DIR: directory})
     finally:
-        if ours:
-            remove_directory(directory, job.used, remote, ssh)
+        if ours:  # not on lost hosts: ssh would wait out its timeout for each
+            there = job.blacklist.apply({host: 1 for host in job.used})
+            remove_directory(directory, list(there), remote, ssh)

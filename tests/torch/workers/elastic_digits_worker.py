@@ -3,12 +3,15 @@ under ``horovodishrun --min-np``: it logs every step's batch and every commit, s
 test can check what survived a failure against a replay of the same schedule.
 
     elastic_digits_worker.py LOG_DIR [--kill RANK STEP] [--grow HOSTS_FILE TEXT STEP]
+                                     [--ready FILE STEP]
 
 --kill: in the first generation, rank RANK SIGKILLs itself after step STEP (a step that
         is not a commit, so some work is rolled back).
 --grow: in the first generation, rank 0 writes TEXT to HOSTS_FILE (what the discovery
         script prints) after step STEP, then each step takes 0.1 s until the launcher's
         answer at a commit ends the generation.
+--ready: in the first generation, rank 0 creates FILE after step STEP (the test then
+        pulls a host's link), and from then on each step takes 0.2 s.
 Logs: LOG_DIR/g<generation>-r<rank>.jsonl, one JSON object a line: ``resume`` (rank 0,
 where the generation starts), ``step`` (every rank: its real indices), ``commit`` (rank
 0, after commit() returned); the last generation's rank 0 saves final.pt.
@@ -61,6 +64,7 @@ def main() -> None:
     parser.add_argument("log_dir", type=Path)
     parser.add_argument("--kill", nargs=2, type=int, metavar=("RANK", "STEP"))
     parser.add_argument("--grow", nargs=3, metavar=("HOSTS_FILE", "TEXT", "STEP"))
+    parser.add_argument("--ready", nargs=2, metavar=("FILE", "STEP"))
     args = parser.parse_args()
     hvd.init()
     rank, size, generation = hvd.rank(), hvd.size(), launcher_link.generation()
@@ -103,6 +107,10 @@ def main() -> None:
                         Path(args.grow[0]).write_text(args.grow[1] + "\n")
                     if state.step >= int(args.grow[2]):
                         time.sleep(0.1)
+                if generation == 1 and args.ready and state.step >= int(args.ready[1]):
+                    if rank == 0 and state.step == int(args.ready[1]):
+                        Path(args.ready[0]).touch()
+                    time.sleep(0.2)
             state.epoch += 1
             sampler.set_epoch(state.epoch)
             commit(state)
