@@ -213,7 +213,8 @@ class ElasticRun:
                          f"({describe(hosts)}): {reason}")
                 env = {**config, launcher_link.ENV_DRIVER: self._address(hosts),
                        launcher_link.ENV_TOKEN: self.driver.token,
-                       launcher_link.ENV_GENERATION: str(generation)}
+                       launcher_link.ENV_GENERATION: str(generation),
+                       launcher_link.ENV_LAUNCHED_AT: f"{time.time():.3f}"}
                 self.view.start_polling()
                 try:
                     code, signals = self.start(hosts, env)

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from ..common import api
+from ..common.api import collectives
+from ..common.messages import ReduceOp
 from ..common.elastic import ObjectState, State, run
 from .elastic_sampler import ElasticSampler
 
@@ -73,6 +75,27 @@ def _from_disk(value: Any) -> Any:
     return value
 
 
+def _refresh(saved: Any, current: Any) -> Any:
+    """A copy of current, reusing saved's tensors where the layout is the same (copied
+    into, not allocated: a commit of a large model is then one memcpy, with no page
+    faults of fresh memory)."""
+    if isinstance(current, torch.Tensor):
+        if isinstance(saved, torch.Tensor) and saved.shape == current.shape and \
+                saved.dtype == current.dtype and saved.device == current.device:
+            with torch.no_grad():
+                return saved.copy_(current)
+        return current.detach().clone()
+    if isinstance(current, dict):
+        old = saved if isinstance(saved, dict) else {}
+        return type(current)((key, _refresh(old.get(key), value))
+                             for key, value in current.items())
+    if isinstance(current, (list, tuple)) and type(current) in (list, tuple):
+        old = saved if isinstance(saved, (list, tuple)) and len(saved) == len(current) \
+            else [None] * len(current)
+        return type(current)(_refresh(o, value) for o, value in zip(old, current))
+    return copy.deepcopy(current)
+
+
 class _Member:
     """A member kept in place (the user's own object): saved and restored through its
     state_dict, synced from the root. Restores load a copy of the saved state: torch's
@@ -84,7 +107,7 @@ class _Member:
         self.save()
 
     def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
+        self._saved = _refresh(self._saved, self.value.state_dict())
 
     def restore(self) -> None:
         self.value.load_state_dict(copy.deepcopy(self._saved))
@@ -95,6 +118,9 @@ class _Member:
 
 
 class _Model(_Member):
+    def restore(self) -> None:  # load_state_dict copies into the model's own tensors
+        self.value.load_state_dict(self._saved)
+
     def sync(self, root: int) -> None:
         from .functions import broadcast_parameters
         broadcast_parameters(self.value.state_dict(), root_rank=root)
@@ -108,19 +134,19 @@ class _Optimizer(_Member):
 
 class _Sampler(_Member):
     """Every rank processed different samples, and a commit on disk is written by one
-    rank per host: so a save takes the union of every rank's processed indices (those
-    recorded since the last save, in one allgather), and every rank holds all of them."""
+    rank per host: so a save takes the union of every rank's processed indices, and
+    every rank holds all of them. What travels is a bitmap of the indices recorded since
+    the last save (one byte per sample, a MAX allreduce): its size never changes, so
+    every commit after the first takes the negotiation's fast path."""
 
     def save(self) -> None:
         sampler = self.value
         if api.is_initialized() and api.size() > 1:
-            from .functions import allgather_object
-            saved = self._saved
-            new = sampler.processed_indices
-            if saved is not None and saved["epoch"] == sampler.epoch:
-                new = new - saved["processed_indices"]
-            for theirs in allgather_object(new, name="elastic.sampler.processed"):
-                sampler.processed_indices |= theirs
+            bitmap = np.zeros(len(sampler.dataset), dtype=np.uint8)
+            bitmap[sampler.take_recorded()] = 1
+            collectives.allreduce_async(bitmap, bitmap, "elastic.sampler.processed",
+                                        ReduceOp.MAX).wait()
+            sampler.processed_indices.update(np.flatnonzero(bitmap).tolist())
         super().save()
 
     def sync(self, root: int) -> None:

@@ -46,6 +46,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.seed = seed
         self.epoch = 0
         self.processed_indices: set[int] = set()
+        self._recorded: list[int] = []  # since the last take_recorded()
         self.indices: list[int] = []
         self.reset()
 
@@ -53,6 +54,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         """A new epoch: nothing processed yet, a new shuffle."""
         self.epoch = epoch
         self.processed_indices = set()
+        self._recorded = []
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
@@ -61,7 +63,15 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.record_indices(self.get_indices(batch_idx, batch_size))
 
     def record_indices(self, indices: Any) -> None:
-        self.processed_indices.update(int(index) for index in indices)
+        indices = [int(index) for index in indices]
+        self.processed_indices.update(indices)
+        self._recorded.extend(indices)
+
+    def take_recorded(self) -> list[int]:
+        """The indices recorded on this rank since the last call (TorchState's commit
+        shares them with the other ranks)."""
+        recorded, self._recorded = self._recorded, []
+        return recorded
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
         """The dataset indices of batch batch_idx on this rank, padding left out."""
@@ -74,6 +84,7 @@ class ElasticSampler(torch.utils.data.Sampler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.epoch = state_dict["epoch"]
         self.processed_indices = set(state_dict["processed_indices"])
+        self._recorded = []
         self.reset()
 
     def reset(self) -> None:

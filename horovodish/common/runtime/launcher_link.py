@@ -18,6 +18,9 @@ from typing import Any
 ENV_DRIVER = "HOROVODISH_ELASTIC_DRIVER"
 ENV_TOKEN = "HOROVODISH_ELASTIC_TOKEN"
 ENV_GENERATION = "HOROVODISH_ELASTIC_GENERATION"
+# When the launcher started this generation (seconds since the epoch): recovery times
+# in docs/tuning.md are measured from it.
+ENV_LAUNCHED_AT = "HOROVODISH_ELASTIC_LAUNCHED_AT"
 
 
 def enabled() -> bool:
