@@ -134,12 +134,14 @@ def main() -> None:
         save, write, agree = (statistics.median(p[i] for p in parts) for i in range(3))
         total = statistics.median(sum(p) for p in parts)
         slower = 1 - statistics.median(committing) / statistics.median(plain)
+        bound = total / (total + EVERY / statistics.median(plain))
         print(f"{args.model} on {hvd.size()} ranks: commit {total * 1e3:.1f} ms (save "
               f"{save * 1e3:.1f}, write {write * 1e3:.1f}, agree "
               f"{agree * 1e3:.1f}) for {size / 1e6:.1f} MB on disk; "
               f"{statistics.median(plain):.2f} steps/s without commits, "
               f"{statistics.median(committing):.2f} committing every {EVERY}: "
-              f"{100 * slower:.1f}% slower", flush=True)
+              f"{100 * slower:.1f}% slower (the commit's time is {100 * bound:.1f}% of "
+              f"{EVERY} steps and a commit)", flush=True)
         print("JSON " + json.dumps({"model": args.model, "ranks": hvd.size(), "bytes": size,
                                     "commit_s": total, "save_s": save, "write_s": write,
                                     "agree_s": agree,
@@ -153,9 +155,13 @@ def main() -> None:
         print(f"{args.model}: recovery {first - killed:.2f} s from the kill to the end of "
               f"the first step on {hvd.size()} rank(s): "
               + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items())
-              + f" (of the relaunch: process start to init() {initialized - STARTED:.2f} s)",
-              flush=True)
-        print("JSON " + json.dumps({"model": args.model, **phases}), flush=True)
+              + f" (of the relaunch: mpirun and Python start {STARTED - launched:.2f} s, "
+              f"imports and init() {initialized - STARTED:.2f} s, model and state "
+              f"{ready - initialized:.2f} s)", flush=True)
+        print("JSON " + json.dumps({"model": args.model, **phases,
+                                    "start": STARTED - launched,
+                                    "imports_init": initialized - STARTED,
+                                    "build": ready - initialized}), flush=True)
 
     train(state)
 
