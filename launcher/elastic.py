@@ -295,10 +295,18 @@ class ElasticRun:
 
     def _address(self, hosts: Sequence[Host]) -> str:
         """Where the ranks reach the notice board: loopback when every rank runs here,
-        else this host's name as the others resolve it."""
-        if all(is_local(h.name) for h in hosts):
+        else this host's address on the route to the first remote host (a UDP socket's
+        connect sends nothing; the host name can resolve to 127.0.1.1 on Debian)."""
+        others = [h.name for h in hosts if not is_local(h.name)]
+        if not others:
             return f"127.0.0.1:{self.driver.port}"
-        return f"{socket.gethostbyname(socket.gethostname())}:{self.driver.port}"
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((others[0], 9))
+                address = probe.getsockname()[0]
+        except OSError:
+            address = socket.gethostbyname(socket.gethostname())
+        return f"{address}:{self.driver.port}"
 
 
 def job_directory(environ: Mapping[str, str], token: str) -> tuple[str, bool]:

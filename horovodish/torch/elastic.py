@@ -141,9 +141,10 @@ class _Sampler(_Member):
 
     def save(self) -> None:
         sampler = self.value
+        recorded = sampler.take_recorded()
         if api.is_initialized() and api.size() > 1:
             bitmap = np.zeros(len(sampler.dataset), dtype=np.uint8)
-            bitmap[sampler.take_recorded()] = 1
+            bitmap[recorded] = 1
             collectives.allreduce_async(bitmap, bitmap, "elastic.sampler.processed",
                                         ReduceOp.MAX).wait()
             sampler.processed_indices.update(np.flatnonzero(bitmap).tolist())
