@@ -86,18 +86,9 @@ def _mpi_args(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"cannot split {text!r}: {exc}") from None
 
 
-_ELASTIC = ("elastic launching (hosts joining and leaving) is not implemented: run a fixed "
-            "-np; hvd.elastic.run still retries from the last commit after a failed collective")
 _VIA_MPIRUN = "not a horovodishrun flag: give mpirun's own option with --mpi-args"
 # horovodrun flags a Horovod user may pass: (names, takes a value, why refused).
 _REFUSED = [
-    (("--min-np", "--min-num-proc"), True, _ELASTIC),
-    (("--max-np", "--max-num-proc"), True, _ELASTIC),
-    (("--host-discovery-script",), True, _ELASTIC),
-    (("--slots-per-host", "--slots"), True, _ELASTIC),
-    (("--elastic-timeout",), True, _ELASTIC),
-    (("--reset-limit",), True, _ELASTIC),
-    (("--blacklist-cooldown-range",), True, _ELASTIC),
     (("--gloo",), False, "horovodish runs on MPI alone (drop --gloo)"),
     (("--config-file",), True, "no config files: pass the settings as flags or as "
                                "HOROVODISH_* variables (docs/configuration.md)"),
@@ -196,6 +187,33 @@ def build_parser() -> argparse.ArgumentParser:
                    type=_interfaces, metavar="IF[,IF...]",
                    help="network interface(s) for the job's traffic, e.g. eth0 (Hydra's "
                         "-iface takes the first)")
+    e = p.add_argument_group(
+        "elastic (a job that goes on from its last commit when ranks or hosts are lost, "
+        "and grows when hosts join; docs/elastic.md)")
+    e.add_argument("--min-np", "--min-num-proc", dest="min_np", type=_positive_int,
+                   metavar="N", help="fewest ranks to run on (default -np); giving it, "
+                                     "--max-np or --host-discovery-script makes the job "
+                                     "elastic")
+    e.add_argument("--max-np", "--max-num-proc", dest="max_np", type=_positive_int,
+                   metavar="N", help="most ranks to run on (default -np; with "
+                                     "--host-discovery-script, every slot discovered)")
+    e.add_argument("--host-discovery-script", metavar="FILE",
+                   help="executable printing the available hosts, one 'host' or "
+                        "'host:slots' a line; run again every second")
+    e.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=_positive_int,
+                   default=1, metavar="N",
+                   help="slots of a host given without a count (default 1)")
+    e.add_argument("--elastic-timeout", type=_positive_float, default=600.0, metavar="S",
+                   help="seconds to wait for --min-np slots before ending the job "
+                        "(default 600)")
+    e.add_argument("--reset-limit", type=_nonneg_int, metavar="N",
+                   help="restarts after which the job ends (default: no limit, but a script "
+                        "failure that repeats with no commit in between ends it)")
+    e.add_argument("--blacklist-cooldown-range", type=_nonneg_float, nargs=2,
+                   metavar=("MIN", "MAX"),
+                   help="seconds a failed host or slot stays out: MIN doubled per earlier "
+                        "failure of the host, plus up to MIN at random, at most MAX "
+                        "(default: for the rest of the job)")
     p.add_argument("--mpi-args", type=_mpi_args, default=[], metavar='"ARGS"',
                    help="extra arguments for mpirun, split like a shell would (but never run by one); "
                         'write --mpi-args="-v" when ARGS is a single dash option')
@@ -230,6 +248,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.hostfile_hosts = None
     if args.check_build:
         return args
+    args.elastic = any(value is not None for value in
+                       (args.min_np, args.max_np, args.host_discovery_script))
+    if args.elastic:
+        _check_elastic(parser, args)
     if args.num_proc is None:
         parser.error("-np/--num-proc is required")
     if not args.command:
@@ -239,8 +261,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.hostfile_hosts = parse_hostfile(Path(args.hostfile).read_text())
         except (OSError, ValueError, UnicodeDecodeError) as exc:
             parser.error(f"argument --hostfile: {args.hostfile}: {exc}")
-    _check_slots(parser, args)
+    if not args.elastic:
+        _check_slots(parser, args)
     return args
+
+
+def _check_elastic(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill in -np, --min-np and --max-np from each other, as horovodrun does, and
+    refuse what cannot run."""
+    if args.num_proc is None:
+        args.num_proc = args.min_np
+    if args.num_proc is None:
+        parser.error("an elastic job needs -np or --min-np")
+    if args.min_np is None:
+        args.min_np = args.num_proc
+    if args.max_np is None and not args.host_discovery_script:
+        args.max_np = max(args.num_proc, args.min_np)
+    if args.min_np > args.num_proc:
+        parser.error(f"--min-np {args.min_np} is more than -np {args.num_proc}")
+    if args.max_np is not None and args.max_np < args.num_proc:
+        parser.error(f"--max-np {args.max_np} is less than -np {args.num_proc}")
+    if args.host_discovery_script and (args.hosts or args.hostfile):
+        parser.error("--host-discovery-script finds the hosts: leave out -H/--hostfile")
+    low_high = args.blacklist_cooldown_range
+    if low_high and low_high[0] > low_high[1]:
+        parser.error(f"--blacklist-cooldown-range: MIN {low_high[0]:g} is more than MAX "
+                     f"{low_high[1]:g}")
 
 
 def _check_slots(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

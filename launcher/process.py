@@ -127,14 +127,16 @@ def _take_back_terminal() -> None:
 
 
 def run_job(argv: Sequence[str], env: Mapping[str, str] | None = None,
-            grace: float = GRACE_SECONDS) -> int:
+            grace: float = GRACE_SECONDS, signals: list[int] | None = None) -> int:
     """Start ``argv`` (no shell) in a new process group, wait, return its exit code.
 
     SIGINT/SIGTERM received meanwhile are forwarded to mpirun's group; if the job is still
     alive ``grace`` seconds after the first one (or when a second one arrives) the whole
-    process tree gets SIGKILL.
+    process tree gets SIGKILL. Those signals are appended to ``signals`` when given (the
+    elastic launcher must not restart a job the user stopped).
     """
-    state: dict = {"pgid": None, "deadline": None, "signals": []}
+    state: dict = {"pgid": None, "deadline": None,
+                   "signals": signals if signals is not None else []}
 
     def forward(signum, _frame):  # runs in the main thread, between bytecodes
         state["signals"].append(signum)

@@ -34,6 +34,11 @@ Example::
     hvd.init()
     print(hvd.rank(), hvd.size())   # 0..3, 4
 
+* Elastic (``--min-np``, ``--max-np`` or ``--host-discovery-script``): when a rank or a
+  host is lost, the job starts again on the slots that are left, from the last
+  ``state.commit()``; it grows at a commit when hosts join (launcher/elastic.py,
+  docs/elastic.md).
+
 Exit codes of the launcher itself: 2 for bad arguments, 127 when no mpirun is found, 255
 when a remote host does not answer over ssh.
 """
@@ -43,6 +48,7 @@ import os
 import shlex
 import sys
 
+from . import elastic
 from . import mpirun as mpirun_mod
 from .cli import parse_args
 from .command import build_command, child_env
@@ -73,6 +79,14 @@ def main(argv: list[str] | None = None) -> int:
 
     remote = Remote(args.ssh_port, args.ssh_identity_file, args.start_timeout,
                     args.network_interface or ())
+    if args.elastic:  # hosts may change between starts: the elastic loop checks each
+        config = {**config_env(args), **rank_env(remote)}
+        extra_args, mpirun_env = mpirun_args(remote, runner.flavour, True)
+        for name, value in mpirun_env.items():
+            if os.environ.get(name):
+                mpirun_env[name] = f"{value} {os.environ[name]}"
+        return elastic.main(args, runner, remote, config, [*extra_args, *args.mpi_args],
+                            mpirun_env, uses_ssh(args.mpi_args, os.environ))
     others = remote_hosts(args.hostfile_hosts if args.hostfile_hosts is not None
                           else args.hosts)
     if others and uses_ssh(args.mpi_args, os.environ):

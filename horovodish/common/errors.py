@@ -17,7 +17,8 @@ class RankMismatchError(HorovodInternalError):
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Raised by elastic training when the set of hosts changed (kept for API parity)."""
+    """Raised by state.commit() on every rank when the elastic launcher has a new set
+    of hosts: hvd.elastic.run then ends the process, and the job restarts on them."""
 
 
 def not_initialized_error() -> ValueError:

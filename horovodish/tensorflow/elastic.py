@@ -67,10 +67,10 @@ def _assign(variables: Sequence[Any], values: Sequence[np.ndarray], what: str) -
         variable.assign(value)
 
 
-def _broadcast(variables: Sequence[Any], what: str) -> None:
-    """broadcast_variables from rank 0, once the ranks agree that the variables line up."""
-    check_same_layout(variables, 0, f"sync of the {what}", f"elastic.sync.{what}")
-    broadcast_variables(variables, root_rank=0)
+def _broadcast(variables: Sequence[Any], what: str, root: int = 0) -> None:
+    """broadcast_variables from root, once the ranks agree that the variables line up."""
+    check_same_layout(variables, root, f"sync of the {what}", f"elastic.sync.{what}")
+    broadcast_variables(variables, root_rank=root)
 
 
 class TensorFlowState(ObjectState):
@@ -94,11 +94,18 @@ class TensorFlowState(ObjectState):
         _assign(self.variables, self._values, "TensorFlowState's variables")
         super().restore()
 
-    def sync(self) -> None:
-        """Make every rank's state rank 0's (and that the restore point)."""
+    def _sync_from(self, root: int) -> None:
+        """Make every rank's state root's (and that the restore point)."""
         if self.variables:
-            _broadcast(self.variables, "variables")
-        super().sync()
+            _broadcast(self.variables, "variables", root)
+        super()._sync_from(root)
+
+    def _payload(self) -> Any:
+        return {**super()._payload(), "values": self._values}
+
+    def _load_payload(self, payload: Any) -> None:
+        super()._load_payload(payload)
+        self._values = payload["values"]
 
 
 def _build_optimizer(model: Any, optimizer: Any) -> None:
@@ -144,11 +151,18 @@ class TensorFlowKerasState(ObjectState):
         _assign(self._variables(), self._values, "the Keras model and optimizer")
         super().restore()
 
-    def sync(self) -> None:
-        """Make every rank's state rank 0's (and that the restore point)."""
+    def _sync_from(self, root: int) -> None:
+        """Make every rank's state root's (and that the restore point)."""
         from .keras.callbacks import broadcast_model_state
-        broadcast_model_state(self.model, root_rank=0)  # checks the ranks line up first
+        broadcast_model_state(self.model, root_rank=root)  # checks the ranks line up first
         if self._separate_optimizer():
             _build_optimizer(self.model, self.optimizer)
-            _broadcast(self.optimizer.variables, "optimizer")
-        super().sync()
+            _broadcast(self.optimizer.variables, "optimizer", root)
+        super()._sync_from(root)
+
+    def _payload(self) -> Any:
+        return {**super()._payload(), "values": self._values}
+
+    def _load_payload(self, payload: Any) -> None:
+        super()._load_payload(payload)
+        self._values = payload["values"]

@@ -1,9 +1,8 @@
 """Elastic-ready state: commit / restore / sync, and the retrying ``run`` decorator.
 
-A full elastic launcher (adding and removing hosts) can come later; the state API is
-Horovod's already, so training scripts written for it run unchanged:
+Horovod's API, so training scripts written for it run unchanged:
 
-    state = hvd.elastic.TorchState(model, optimizer, epoch=0)
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0)
 
     @hvd.elastic.run
     def train(state):
@@ -13,26 +12,93 @@ Horovod's already, so training scripts written for it run unchanged:
 
     train(state)
 
-When a collective fails (``HorovodInternalError``: a lost or mismatched peer), ``run``
+When a collective fails (``HorovodInternalError``: a mismatched peer, a stall), ``run``
 restores the last commit, re-initializes horovodish, syncs the state from rank 0 and
-calls the function again.
+calls the function again. Under ``horovodishrun --min-np ...`` each commit is also
+written to disk on every host, and a job restarted after a lost rank or host (or for new
+hosts) resumes from the newest one (horovodish.common.elastic, docs/elastic.md).
 """
 from __future__ import annotations
 
 import copy
 from typing import Any
 
+import numpy as np
 import torch
 
+from ..common import api
+from ..common.api import collectives
+from ..common.messages import ReduceOp
 from ..common.elastic import ObjectState, State, run
 from .elastic_sampler import ElasticSampler
 
 __all__ = ["ElasticSampler", "State", "TorchState", "run"]
 
 
+class _Array:
+    """A tensor on its way to or from disk: numpy, so pickle writes its bytes out of
+    band (elastic_store); dtypes numpy lacks (bfloat16) travel as raw bits."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        tensor = tensor.detach().cpu()
+        self.dtype = str(tensor.dtype)
+        self.device = str(tensor.device)
+        if tensor.dtype == torch.bfloat16:
+            tensor = tensor.view(torch.int16)
+        self.array = tensor.numpy()
+
+    def tensor(self) -> torch.Tensor:
+        tensor = torch.from_numpy(np.asarray(self.array))
+        if self.dtype == "torch.bfloat16":
+            tensor = tensor.view(torch.bfloat16)
+        return tensor
+
+
+def _to_disk(value: Any) -> Any:
+    """Tensors anywhere in dicts, lists and tuples become _Array."""
+    if isinstance(value, torch.Tensor):
+        return _Array(value)
+    if isinstance(value, dict):
+        return type(value)((key, _to_disk(item)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_disk(item) for item in value)
+    return value
+
+
+def _from_disk(value: Any) -> Any:
+    if isinstance(value, _Array):
+        return value.tensor()
+    if isinstance(value, dict):
+        return type(value)((key, _from_disk(item)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_from_disk(item) for item in value)
+    return value
+
+
+def _refresh(saved: Any, current: Any) -> Any:
+    """A copy of current, reusing saved's tensors where the layout is the same (copied
+    into, not allocated: a commit of a large model is then one memcpy, with no page
+    faults of fresh memory)."""
+    if isinstance(current, torch.Tensor):
+        if isinstance(saved, torch.Tensor) and saved.shape == current.shape and \
+                saved.dtype == current.dtype and saved.device == current.device:
+            with torch.no_grad():
+                return saved.copy_(current)
+        return current.detach().clone()
+    if isinstance(current, dict):
+        old = saved if isinstance(saved, dict) else {}
+        return type(current)((key, _refresh(old.get(key), value))
+                             for key, value in current.items())
+    if isinstance(current, (list, tuple)) and type(current) in (list, tuple):
+        old = saved if isinstance(saved, (list, tuple)) and len(saved) == len(current) \
+            else [None] * len(current)
+        return type(current)(_refresh(o, value) for o, value in zip(old, current))
+    return copy.deepcopy(current)
+
+
 class _Member:
     """A member kept in place (the user's own object): saved and restored through its
-    state_dict, synced from rank 0. Restores load a copy of the saved state: torch's
+    state_dict, synced from the root. Restores load a copy of the saved state: torch's
     Optimizer.load_state_dict keeps the tensors it is given, which later steps update."""
 
     def __init__(self, value: Any) -> None:
@@ -41,36 +107,55 @@ class _Member:
         self.save()
 
     def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
+        self._saved = _refresh(self._saved, self.value.state_dict())
 
     def restore(self) -> None:
         self.value.load_state_dict(copy.deepcopy(self._saved))
 
-    def sync(self) -> None:
+    def sync(self, root: int) -> None:
         from .functions import broadcast_object
-        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=root))
 
 
 class _Model(_Member):
-    def sync(self) -> None:
+    def restore(self) -> None:  # load_state_dict copies into the model's own tensors
+        self.value.load_state_dict(self._saved)
+
+    def sync(self, root: int) -> None:
         from .functions import broadcast_parameters
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
+        broadcast_parameters(self.value.state_dict(), root_rank=root)
 
 
 class _Optimizer(_Member):
-    def sync(self) -> None:
+    def sync(self, root: int) -> None:
         from .functions import broadcast_optimizer_state
-        broadcast_optimizer_state(self.value, root_rank=0)
+        broadcast_optimizer_state(self.value, root_rank=root)
 
 
 class _Sampler(_Member):
-    def sync(self) -> None:
-        """Every rank processed different samples: all of them count as processed."""
+    """Every rank processed different samples, and a commit on disk is written by one
+    rank per host: so a save takes the union of every rank's processed indices, and
+    every rank holds all of them. What travels is a bitmap of the indices recorded since
+    the last save (one byte per sample, a MAX allreduce): its size never changes, so
+    every commit after the first takes the negotiation's fast path."""
+
+    def save(self) -> None:
+        sampler = self.value
+        recorded = sampler.take_recorded()
+        if api.is_initialized() and api.size() > 1:
+            bitmap = np.zeros(len(sampler.dataset), dtype=np.uint8)
+            bitmap[recorded] = 1
+            collectives.allreduce_async(bitmap, bitmap, "elastic.sampler.processed",
+                                        ReduceOp.MAX).wait()
+            sampler.processed_indices.update(np.flatnonzero(bitmap).tolist())
+        super().save()
+
+    def sync(self, root: int) -> None:
         from .functions import allgather_object, broadcast_object
         state = self.value.state_dict()
         for theirs in allgather_object(state["processed_indices"]):
             state["processed_indices"] |= theirs
-        self.value.load_state_dict(broadcast_object(state, root_rank=0))
+        self.value.load_state_dict(broadcast_object(state, root_rank=root))
 
 
 def _member(value: Any) -> _Member | None:
@@ -122,8 +207,20 @@ class TorchState(ObjectState):
             kept.restore()
         super().restore()
 
-    def sync(self) -> None:
-        """Make every rank's state rank 0's (and that the restore point)."""
+    def _sync_from(self, root: int) -> None:
+        """Make every rank's state root's (and that the restore point)."""
         for kept in self._members.values():
-            kept.sync()
-        super().sync()
+            kept.sync(root)
+        super()._sync_from(root)
+
+    def _payload(self) -> Any:
+        return {**super()._payload(),
+                "members": {key: _to_disk(kept._saved) for key, kept in self._members.items()}}
+
+    def _load_payload(self, payload: Any) -> None:
+        super()._load_payload(payload)
+        for key, saved in payload["members"].items():
+            if key not in self._members:
+                raise ValueError(f"the commit on disk holds {key!r}, which this TorchState "
+                                 f"does not have (it has {sorted(self._members)})")
+            self._members[key]._saved = _from_disk(saved)

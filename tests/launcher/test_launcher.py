@@ -191,9 +191,16 @@ def test_hostfile_conversion(tmp_path, flavour, text, converted):
     (["-np", "2", "-H", "a", "--hostfile", "f", "p"], "not allowed with"),
     (["-np", "3", "-H", "a:1,b:1", "p"], "-np 3 needs 3 slots but -H/--hosts gives 2"),
     (["-np", "2", "--disable-cache", "--cache-capacity", "3", "p"], "not allowed with"),
+    # elastic flags that cannot go together
+    (["-np", "2", "--min-np", "3", "p"], "--min-np 3 is more than -np 2"),
+    (["-np", "4", "--max-np", "3", "p"], "--max-np 3 is less than -np 4"),
+    (["-np", "2", "-H", "a:2", "--host-discovery-script", "d.sh", "p"],
+     "leave out -H/--hostfile"),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "9", "1", "p"],
+     "MIN 9 is more than MAX 1"),
+    (["--max-np", "2", "p"], "needs -np or --min-np"),
+    (["-np", "2", "--min-np", "1", "--reset-limit", "-1", "p"], "--reset-limit"),
     # horovodrun flags this launcher refuses, each saying why
-    (["-np", "2", "--min-np", "1", "p"], "--min-np: elastic launching"),
-    (["-np", "2", "--host-discovery-script", "d.sh", "p"], "elastic launching"),
     (["-np", "2", "--gloo", "p"], "--gloo: horovodish runs on MPI alone"),
     (["-np", "2", "--output-filename", "o", "p"], "give mpirun's own option with --mpi-args"),
     (["-np", "2", "--ssh-port", "70000", "p"], "--ssh-port"),

@@ -39,3 +39,12 @@ def test_ddp_compare_runs_and_matches_ddp_updates():
                       result.stdout)
     assert match, result.stdout
     assert float(match.group(1)) < 1e-5, result.stdout  # both did the same averaged updates
+
+
+def test_elastic_digits_reaches_95_percent():
+    """Under the elastic launcher, with no failure (the tests in test_elastic_jobs.py
+    kill ranks): it trains to the stated accuracy."""
+    result = run_ranks(EXAMPLES / "pytorch_elastic_digits.py", 2, timeout=180,
+                       args=["--epochs", "15", "--pace", "0"], launcher_args=["--min-np", "1"])
+    assert_digits_example(result, 2)
+    assert "generation 1: 2 ranks, pids " in result.stdout, result.stdout

@@ -8,6 +8,9 @@ uncaught exception in a multi-rank job that never initialized horovodish (or who
 ``init()`` failed) aborts the job once the traceback is printed. After a successful
 ``init()`` the runtime's own shutdown tells the other ranks instead (they raise
 ``HorovodInternalError`` naming this rank), so the hook stays out of the way.
+
+Under the elastic launcher the hook also sends the exception's last line to it, which
+names the script's own error when the launcher gives up on a job that keeps failing.
 """
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import sys
 import time
 from types import TracebackType
 from typing import Callable
+
+from . import launcher_link
 
 _installed = False
 _FORWARD_SECONDS = 0.5
@@ -32,6 +37,9 @@ def install(initialized: Callable[[], bool]) -> None:
     def hook(kind: type[BaseException], value: BaseException,
              traceback: TracebackType | None) -> None:
         previous(kind, value, traceback)
+        if launcher_link.enabled() and not issubclass(kind, KeyboardInterrupt):
+            launcher_link.notify({"kind": "error", "rank": launcher_link.world_rank(),
+                                  "text": f"{kind.__name__}: {value}"})
         if initialized() or issubclass(kind, KeyboardInterrupt):
             return
         MPI = sys.modules.get("mpi4py.MPI")

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import launcher_link
+
 log = logging.getLogger("horovodish")
 
 _TAG = 7377
@@ -103,6 +105,9 @@ class HostWatchdog:
         log.error(message)
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
+        # The elastic launcher drops the lost host before it starts the job again.
+        launcher_link.notify({"kind": "lost", "text": message,
+                              "ranks": [r for n in lost for r in self.hosts[n][1]]})
         try:
             MPI.COMM_WORLD.Abort(1)
         finally:

@@ -84,6 +84,9 @@ class Runtime:
         self._shutdown_requested = False
         self._stopped = False
         self.failed = False  # stopped by an internal error (see _fail)
+        # World ranks whose shutdown stopped this runtime: their processes are ending, so
+        # an elastic retry in these processes would wait for them for ever.
+        self.ranks_left: tuple[int, ...] = ()
         self._stop_reason = ""
         self._in_flight: dict[str, Entry] = {}
         self._planner = FusionPlanner()
@@ -265,8 +268,8 @@ class Runtime:
             else:
                 if not self._cycle_shutdown:  # another rank's shutdown, not ours
                     world_ranks = self.controller.world_ranks
-                    ranks = ", ".join(str(world_ranks[rank])
-                                      for rank in result.shutdown_ranks) or "?"
+                    self.ranks_left = tuple(world_ranks[r] for r in result.shutdown_ranks)
+                    ranks = ", ".join(map(str, self.ranks_left)) or "?"
                     self._stop_reason = (f" because rank {ranks} shut down (its script "
                                          "ended, failed, or called shutdown())")
                 # Every rank's runtime ends in this same cycle: collective clean-up

@@ -1,0 +1,111 @@
+"""Commits on disk, so that a job restarted by the elastic launcher goes on from its last
+commit even when the host of rank 0 (or any one host) is gone.
+
+Why on disk and on every host: MPI cannot shrink a running job, so when a rank or a host
+is lost the launcher starts a new job, and the state of the old processes is gone with
+them. Horovod keeps the commit in the memory of the surviving workers; here no process
+survives, so each commit is written by the first local rank of every host to a per-job
+directory on that host (``HOROVODISH_ELASTIC_DIR``, set by ``horovodishrun``; one
+sub-directory per host name, so hosts that share a file system do not write over each
+other). A new job's ranks agree on the newest commit that some rank can read and
+broadcast it from there (``State.sync``, in horovodish.common.elastic).
+
+Layout: ``<dir>/<hostname>/commit-<seq>.bin``, written to ``.tmp-...`` and renamed, so a
+reader sees a whole commit or none; older commits are deleted once the new one is in
+place, so a host holds one state (two while a commit is being written).
+The file is a pickle (protocol 5) with its large buffers (numpy arrays) written after it
+out of band: no copy of a 100 MB model into one bytes object, and a read maps the arrays
+onto the file's bytes. The launcher removes the directory when the job ends.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import socket
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ENV_DIR = "HOROVODISH_ELASTIC_DIR"
+_MAGIC = b"HVDCOMMIT1\n"
+_NAME = re.compile(r"^commit-(\d{12})\.bin$")
+_KEEP = 1
+_ALIGN = 64  # each array starts on a cache line of the file (and of the buffer read)
+
+
+def directory() -> Path | None:
+    """This host's commit directory, or None when the job was not started elastic."""
+    root = os.environ.get(ENV_DIR)
+    if not root:
+        return None
+    return Path(root) / socket.gethostname()
+
+
+def _path(folder: Path, seq: int) -> Path:
+    return folder / f"commit-{seq:012d}.bin"
+
+
+def newest(folder: Path | None) -> int:
+    """The sequence number of the newest commit in folder (0: none)."""
+    if folder is None or not folder.is_dir():
+        return 0
+    found = [int(m.group(1)) for m in map(_NAME.match, os.listdir(folder)) if m]
+    return max(found, default=0)
+
+
+def write(folder: Path, seq: int, payload: Any) -> int:
+    """Write commit seq atomically (temporary file, then rename) and delete the older
+    ones. Returns the bytes written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(payload, protocol=5, buffer_callback=buffers.append)
+    views = [buffer.raw() for buffer in buffers]
+    tmp = folder / f".tmp-{os.getpid()}-{seq}"
+    with open(tmp, "wb") as out:
+        out.write(_MAGIC)
+        out.write(struct.pack("<QQ", len(head), len(views)))
+        out.write(struct.pack(f"<{len(views)}Q", *(view.nbytes for view in views)))
+        out.write(head)
+        for view in views:
+            out.write(bytes(-out.tell() % _ALIGN))
+            out.write(view)
+        size = out.tell()
+    os.replace(tmp, _path(folder, seq))
+    for name in os.listdir(folder):
+        match = _NAME.match(name)
+        if match and int(match.group(1)) <= seq - _KEEP:
+            try:
+                os.unlink(folder / name)
+            except FileNotFoundError:
+                pass
+    return size
+
+
+def read(folder: Path, seq: int) -> Any:
+    """The payload of commit seq (arrays in it share one buffer read from the file)."""
+    path = _path(folder, seq)
+    size = path.stat().st_size
+    raw = np.empty(size + _ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    data = memoryview(raw[start:start + size])
+    with open(path, "rb") as source:
+        if source.readinto(data) != size:
+            raise ValueError(f"{path} changed while it was read")
+    if bytes(data[:len(_MAGIC)]) != _MAGIC:
+        raise ValueError(f"{path} is not a horovodish commit")
+    at = len(_MAGIC)
+    head_size, count = struct.unpack_from("<QQ", data, at)
+    at += 16
+    sizes = struct.unpack_from(f"<{count}Q", data, at)
+    at += 8 * count
+    head = data[at:at + head_size]
+    at += head_size
+    buffers = []
+    for size in sizes:
+        at += -at % _ALIGN
+        buffers.append(data[at:at + size])
+        at += size
+    return pickle.loads(head, buffers=buffers)
