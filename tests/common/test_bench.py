@@ -15,7 +15,7 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     script.write_text("from horovodish.bench import main\nimport sys\nmain(sys.argv[1:])\n")
     out, png = tmp_path / "bench.json", tmp_path / "busbw.png"
     result = run_ranks(script, 2, args=["--json", str(out), "--plot", str(png),
-                                        "--max-bytes", str(1 << 20), "--idle-rounds", "3",
+                                        "--max-bytes", str(16 << 10), "--idle-rounds", "3",
                                         "--rounds", "1"],
                        timeout=300)
     assert_ok(result)
@@ -23,7 +23,7 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     figures = json.loads(out.read_text())
     assert figures["ranks"] == 2
     rows = figures["allreduce"]
-    assert [row["bytes"] for row in rows] == [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]
+    assert [row["bytes"] for row in rows] == [4 << 10, 16 << 10]
     for row in rows:
         assert list(row["paths"]) == PATHS, row["paths"].keys()
         for values in row["paths"].values():
