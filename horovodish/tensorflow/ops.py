@@ -30,10 +30,11 @@ from . import errors, interrupts
 
 _SUPPORTED = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
               tf.bfloat16, tf.float32, tf.float64, tf.bool)
+_SUPPORTED_SET = frozenset(_SUPPORTED)  # a hash lookup: this runs per tensor and call
 
 
 def check_dtype(tensor: Any, opname: str) -> None:
-    if tensor.dtype not in _SUPPORTED:
+    if tensor.dtype not in _SUPPORTED_SET:
         names = ", ".join(d.name for d in _SUPPORTED)
         raise TypeError(f"{opname}: dtype {tensor.dtype.name} is not supported; "
                         f"supported: {names}")
@@ -165,6 +166,10 @@ def allreduce(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, presca
 
     def body(*arrays: np.ndarray) -> list[np.ndarray]:
         outs = [empty(a.shape, a.dtype) for a in arrays]
+        if len(arrays) == 1:  # the core's single-tensor submit: no group bookkeeping
+            wait_all([core.allreduce_async(arrays[0], outs[0], names[0], op, prescale,
+                                           postscale, "cpu", process_set)])
+            return outs
         handles: list[Handle] = []
         for group in groups:
             handles += core.grouped_allreduce_async(

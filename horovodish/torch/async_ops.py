@@ -331,8 +331,34 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                op: ReduceOp | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+    op = _resolve_op(average, op)
+    array = _plain_array(tensor)
+    if array is not None:  # waited on at once: no handle to register
+        _allreduce_now(array, array, name, op, prescale_factor, postscale_factor, process_set)
+        return tensor
+    return synchronize(allreduce_async_(tensor, None, name, op, prescale_factor,
                                         postscale_factor, process_set))
+
+
+def allreduce_plain_now(tensor: torch.Tensor, name: str | None, op: ReduceOp,
+                        prescale_factor: float, postscale_factor: float,
+                        process_set: ProcessSet) -> torch.Tensor | None:
+    """The blocking out-of-place allreduce of a tensor _plain_array can view, as a view
+    of the runtime's result block; None for any other tensor (then take the general
+    path). Per-call Python is most of a small allreduce's time: this skips the handle."""
+    array = _plain_array(tensor)
+    if array is None:
+        return None
+    return torch.from_numpy(_allreduce_now(array, None, name, op, prescale_factor,
+                                           postscale_factor, process_set))
+
+
+def _allreduce_now(array: np.ndarray, target: np.ndarray | None, name: str | None,
+                   op: ReduceOp, prescale_factor: float, postscale_factor: float,
+                   process_set: ProcessSet) -> np.ndarray:
+    return core.allreduce_async(array, target, names_for(name, 1, "allreduce", process_set)[0],
+                                op, prescale_factor, postscale_factor, "cpu",
+                                process_set).wait()
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,

@@ -14,7 +14,7 @@ from ..common.messages import Adasum, Average, Max, Min, Product, ReduceOp, Sum 
 from ..common.messages import resolve_op as _resolve_op
 from . import autograd
 from .async_ops import (allgather_async, allreduce_, allreduce_async,  # noqa: F401
-                        allreduce_async_, alltoall_async, barrier, broadcast_, broadcast_async,
+                        allreduce_async_, allreduce_plain_now, alltoall_async, barrier, broadcast_, broadcast_async,
                         broadcast_async_, grouped_allgather_async, grouped_allreduce_,
                         grouped_allreduce_async, grouped_allreduce_async_,
                         grouped_allreduce_into_runtime_async, grouped_reducescatter_async, join,
@@ -27,10 +27,16 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce tensor across ranks; returns a new tensor (the input is untouched)."""
+    op = _resolve_op(average, op)
+    if compression is Compression.none or compression is None:
+        reduced = allreduce_plain_now(tensor, name, op, prescale_factor, postscale_factor,
+                                      process_set)
+        if reduced is not None:  # a plain CPU tensor outside autograd: the short path
+            return reduced
     compression = compression or Compression.none
     compressed, ctx = compression.compress(tensor)
-    reduced = autograd.allreduce(compressed, name, _resolve_op(average, op), prescale_factor,
-                                 postscale_factor, process_set)
+    reduced = autograd.allreduce(compressed, name, op, prescale_factor, postscale_factor,
+                                 process_set)
     return compression.decompress(reduced, ctx)
 
 

@@ -44,3 +44,34 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     share = idle["runtime_thread_cpu_percent"]
     assert idle["rounds"] == 3 and (share != share or 0 < share < 100)  # nan: no schedstat
     assert idle["noise_floor_percent"] >= 0 and "noise floor" in result.stdout
+
+
+def test_backends_bench_forces_each_backend_and_reports_ratios(tmp_path: Path):
+    """python -m horovodish.bench.backends: every path and mode has a row and a ratio to
+    the default (1.00 for the default itself), and each forced mode really picks that
+    backend for a single tensor (else the comparison would time one backend four times)."""
+    script = tmp_path / "run_backends.py"
+    script.write_text(
+        "import sys\n"
+        "from horovodish.bench import backends\n"
+        "from horovodish.common.api import lifecycle, process_state\n"
+        "from horovodish.common.messages import RequestType\n"
+        "sys.argv[1:] = ['--rounds', '1', '--sizes', '65536']\n"
+        "lifecycle.init()\n"
+        "manager = process_state.state().runtime.executor.operations\n"
+        "for mode in backends.MODES:\n"
+        "    with backends.forced(mode):\n"
+        "        chosen = manager.choose(RequestType.ALLREDUCE, 'float32', 65536).name\n"
+        "    print(f'CHOSEN {mode} {chosen}', flush=True)\n"
+        "backends.main()\n")
+    result = run_ranks(script, 2, timeout=300)
+    assert_ok(result)
+    for mode, backend in ((None, "shm"), ("shm", "shm"), ("ring", "ring"), ("mpi", "mpi")):
+        assert result.stdout.count(f"CHOSEN {mode} {backend}") == 2, result.stdout
+    rows = [line.split() for line in result.stdout.splitlines()
+            if line.strip().startswith("65536")]
+    assert {" ".join(row[1:-8]) for row in rows} == {
+        "numpy (core)", "torch allreduce_", "torch allreduce"}, rows
+    for row in rows:
+        assert row[-7] == "(1.00)", row  # the default against itself
+        assert all(float(cell) > 0 for cell in row[-8::2]), row

@@ -87,21 +87,28 @@ class ResultBlocks:
     backward, so each bucket keeps reusing one block: no allocation per step. A free
     block that no take has chosen for ``max_idle`` takes, or for about twice the number
     of blocks in use if that is more (the first step's per-gradient blocks, once learned
-    buckets replace them), is released. A block serves requests of half its size or more
-    only, and at most ``max_tracked`` blocks are tracked: beyond that the longest-held
-    ones are left to their holders.
+    buckets replace them), is released at the next sweep (every ``max_idle // 2`` takes,
+    at most 16). A block serves requests of half its size or more only, and at most
+    ``max_tracked`` blocks are tracked (checked at each sweep): beyond that the
+    longest-held ones are left to their holders.
     """
 
     def __init__(self, max_idle: int = 64, max_tracked: int = 256,
                  empty: Callable[[int, np.dtype], Any] | None = None) -> None:
-        """empty(count, dtype) allocates a block: host memory by default, or CuPy's
-        device memory (whose views keep their base alive too)."""
+        """empty(count, dtype) allocates a block: host memory by default, or CuPy's device
+        memory (whose views keep their base alive too)."""
         self._max_idle = max_idle
         self._max_tracked = max_tracked
         self._empty = empty or _host_empty
         self._blocks: list[Any] = []
         self._last_taken: list[int] = []
         self._takes = 0
+        # The blocks last chosen for each (dtype, count), tried before a scan: a loop of
+        # the same call alternates between two (the caller holds the previous result).
+        self._recent: dict[tuple[np.dtype, int], list[int]] = {}
+        # Releasing idle blocks scans them all: done every few takes, not every take.
+        self._sweep_every = max(1, min(max_idle // 2, 16))
+        self._next_sweep = 0
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -115,6 +122,31 @@ class ResultBlocks:
         if count == 0:  # an empty view would keep a whole block alive
             return self._empty(0, dtype)
         self._takes += 1
+        key = (dtype, count)
+        recent = self._recent.get(key)
+        best = -1
+        if recent is not None:
+            for i in recent:
+                if self._free(i):
+                    best = i
+                    break
+        if best < 0:
+            best = self._smallest_free(dtype, count)
+            if best < 0:
+                self._blocks.append(self._empty(count, dtype))
+                self._last_taken.append(0)
+                best = len(self._blocks) - 1
+            if len(self._recent) > 4 * self._max_tracked:  # many sizes: start afresh
+                self._recent.clear()
+            self._recent[key] = [best] + (recent or [])[:1]
+        self._last_taken[best] = self._takes
+        chosen = self._blocks[best]  # held here: in use, so no sweep releases it
+        if self._takes >= self._next_sweep:
+            self._release_idle()
+            self._next_sweep = self._takes + self._sweep_every
+        return chosen[:count]
+
+    def _smallest_free(self, dtype: np.dtype, count: int) -> int:
         best = -1
         blocks = self._blocks
         for i in range(len(blocks)):  # no loop variable: it would hold a reference
@@ -122,27 +154,24 @@ class ResultBlocks:
             if blocks[i].dtype == dtype and count <= blocks[i].size <= 2 * count and \
                     (best < 0 or blocks[i].size < blocks[best].size) and self._free(i):
                 best = i
-        if best < 0:
-            self._blocks.append(self._empty(count, dtype))
-            self._last_taken.append(0)
-            best = len(self._blocks) - 1
-        self._last_taken[best] = self._takes
-        chosen = self._blocks[best]
+        return best
+
+    def _release_idle(self) -> None:
         # Idle is measured in takes, and a step takes once per bucket: with many buckets
         # (or gradients kept across steps, which alternate two blocks per bucket) a block
         # in use every step sits out up to ~2 takes per block in use, so the limit grows
         # with those (not with all blocks: growing sizes would then never release any).
         in_use = sum(1 for i in range(len(self._blocks)) if not self._free(i))
         limit = max(self._max_idle, 2 * in_use + 2)
-        stale = [i for i in range(len(self._blocks))
-                 if self._takes - self._last_taken[i] > limit and self._free(i)]
-        for i in reversed(stale):
-            del self._blocks[i], self._last_taken[i]
-        if len(self._blocks) > self._max_tracked:
+        doomed = [i for i in range(len(self._blocks))
+                  if self._takes - self._last_taken[i] > limit and self._free(i)]
+        if len(self._blocks) - len(doomed) > self._max_tracked:
             # Results the caller keeps (out-of-place allreduce results held in a list, say)
             # stay with the caller; tracking them all would make every take scan them.
             held = sorted((i for i in range(len(self._blocks)) if not self._free(i)),
                           key=self._last_taken.__getitem__)
-            for i in sorted(held[:len(self._blocks) - self._max_tracked], reverse=True):
+            doomed += held[:len(self._blocks) - len(doomed) - self._max_tracked]
+        if doomed:
+            for i in sorted(set(doomed), reverse=True):
                 del self._blocks[i], self._last_taken[i]
-        return chosen[:count]
+            self._recent.clear()  # indices moved

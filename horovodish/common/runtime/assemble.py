@@ -48,7 +48,8 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
                 HierarchicalBackend(comm, config.hierarchical_allreduce,
                                     config.cpu_operations, world_ranks=world_ranks,
                                     gather=bool(config.hierarchical_allgather)),
-                SharedMemoryBackend(comm, config.cpu_operations, world_ranks=world_ranks),
+                SharedMemoryBackend(comm, config.cpu_operations, world_ranks=world_ranks,
+                                    single_below=config.ring_threshold),
                 RingBackend(comm, config.ring_threshold, config.cpu_operations),
                 MPIBackend(comm)]
     if gpu.uses_nccl:

@@ -12,8 +12,9 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, close, expect_error, run_checks  # noqa: E402
 
-from horovodish.common.execution.backends.shm import SharedMemoryBackend, _plan  # noqa: E402
-from horovodish.common.messages import ReduceOp  # noqa: E402
+from horovodish.common.execution.backends.shm import (  # noqa: E402
+    SHM_THRESHOLD, SharedMemoryBackend, _plan)
+from horovodish.common.messages import ReduceOp, RequestType  # noqa: E402
 
 PIECE_BYTES = 4096
 DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int32, np.int64,
@@ -190,6 +191,29 @@ def in_place_through_the_backend_interface(rank: int, size: int,
           "5000 values in place")
 
 
+def chosen_from_the_threshold_for_groups_and_single_tensors(
+        rank: int, size: int, backend: SharedMemoryBackend) -> None:
+    """By default (no CPU_OPERATIONS): single tensors too, since they gained from 64 KiB
+    on, up to the ring's threshold (docs/tuning.md); smaller ones, and other
+    collectives, go to MPI or the ring."""
+    default = SharedMemoryBackend(MPI.COMM_WORLD, None, single_below=1 << 20)
+    try:
+        check(not default.enabled(RequestType.ALLREDUCE, "float32", 1 << 20, 1),
+              "a single tensor of the ring's threshold: the ring's")
+        check(default.enabled(RequestType.ALLREDUCE, "float32", 1 << 20, 2),
+              "a group of the ring's threshold: shared memory")
+        for tensors in (1, 2):
+            check(default.enabled(RequestType.ALLREDUCE, "float32", SHM_THRESHOLD, tensors),
+                  f"{tensors} tensor(s) of {SHM_THRESHOLD} bytes: shared memory")
+            check(not default.enabled(RequestType.ALLREDUCE, "float32", SHM_THRESHOLD - 4,
+                                      tensors),
+                  f"{tensors} tensor(s) below {SHM_THRESHOLD} bytes: not shared memory")
+        check(not default.enabled(RequestType.ALLGATHER, "float32", 1 << 20, 1),
+              "an allgather: not shared memory")
+    finally:
+        default.close()
+
+
 def pieces(rank: int, size: int, backend: SharedMemoryBackend) -> None:
     """Whole tensors packed up to the piece size, larger ones split, all covered."""
     check(_plan([3, 2, 6, 1], 4) == [(0, 1, -1, -1, 0), (1, 2, -1, -1, 3), (2, 3, 0, 4, 5),
@@ -202,7 +226,8 @@ def pieces(rank: int, size: int, backend: SharedMemoryBackend) -> None:
 CHECKS = [window_opens, every_dtype_op_and_layout, fast_and_slow_readers_back_to_back,
           failed_pack_fails_every_rank, failed_copy_out_fails_its_rank_only,
           in_place_many_tensors_a_piece, failed_describe_fails_every_rank,
-          in_place_through_the_backend_interface, pieces]
+          in_place_through_the_backend_interface,
+          chosen_from_the_threshold_for_groups_and_single_tensors, pieces]
 
 if __name__ == "__main__":
     comm = MPI.COMM_WORLD.Dup()

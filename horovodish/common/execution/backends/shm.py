@@ -16,7 +16,8 @@ which every rank passes only once done with piece k. The segments stay small (ca
 sized), and any dtype reduces (numpy does the arithmetic).
 
 Only for communicators whose ranks all share one host, decided collectively at start,
-and by default only for fused groups (see ``enabled``).
+and by default from 64 KiB on (single tensors up to the ring's threshold: see
+``enabled``).
 """
 from __future__ import annotations
 
@@ -47,10 +48,13 @@ class SharedMemoryBackend(Backend):
     name = "shm"
 
     def __init__(self, comm: MPI.Comm, mode: str | None, threshold: int = SHM_THRESHOLD,
-                 piece_bytes: int = PIECE_BYTES, world_ranks: Sequence[int] | None = None
-                 ) -> None:
+                 piece_bytes: int = PIECE_BYTES, world_ranks: Sequence[int] | None = None,
+                 single_below: int = 16 << 20) -> None:
+        """single_below: single tensors from this size on are left to the ring (its
+        threshold), fused groups are not (see ``enabled``)."""
         self.mode = mode
         self.threshold = threshold
+        self.single_below = single_below
         self.piece_bytes = piece_bytes
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         # What messages call each rank: inside a process set, rank i is world_ranks[i].
@@ -111,14 +115,16 @@ class SharedMemoryBackend(Backend):
 
     def enabled(self, kind: RequestType, dtype: str, nbytes: int, tensors: int = 1,
                 op: ReduceOp | None = None) -> bool:
-        """Fused groups only, unless forced: what this saves is a fusion buffer's pack
-        and copy-out. A single tensor reduces in place in MPI or the ring, where shared
-        memory adds two copies: no faster, and in a machine's slow spells slower (more
-        barriers for a descheduled peer to delay). Figures: docs/tuning.md."""
+        """Fused groups from ``threshold`` bytes on: this saves a fusion buffer's pack and
+        copy-out. Single tensors from ``threshold`` up to ``single_below``: they pay two
+        copies here that MPI would not, and still came out ahead of MPI, on torch's
+        memory most (MPI's transfers slow down on memory without huge pages; these
+        copies do not). Larger single tensors go to the ring: in some jobs this path ran
+        3x slower from 16 MiB on, for the whole job (figures: docs/tuning.md)."""
         if kind != RequestType.ALLREDUCE or self._window is None:
             return False
-        return self.mode == "shm" or (
-            self.mode is None and tensors > 1 and nbytes >= self.threshold)
+        return self.mode == "shm" or (self.mode is None and nbytes >= self.threshold and (
+            tensors > 1 or nbytes < self.single_below))
 
     def allreduce_group(self, group: AllreduceGroup) -> list:
         """Inputs packed straight into shared memory, results copied straight out: no
