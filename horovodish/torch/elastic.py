@@ -93,7 +93,14 @@ def _refresh(saved: Any, current: Any) -> Any:
         old = saved if isinstance(saved, (list, tuple)) and len(saved) == len(current) \
             else [None] * len(current)
         return type(current)(_refresh(o, value) for o, value in zip(old, current))
+    if type(current) in (set, frozenset) and {type(item) for item in current} <= _ATOMS:
+        # An ElasticSampler's processed indices: tens of thousands of ints, which
+        # deepcopy copied one by one (9 ms for 30,000, most of a commit's save).
+        return type(current)(current)
     return copy.deepcopy(current)
+
+
+_ATOMS = {int, float, str, bytes, bool, type(None)}  # immutable: shared, not copied
 
 
 class _Member:

@@ -75,3 +75,28 @@ def test_backends_bench_forces_each_backend_and_reports_ratios(tmp_path: Path):
     for row in rows:
         assert row[-7] == "(1.00)", row  # the default against itself
         assert all(float(cell) > 0 for cell in row[-8::2]), row
+
+
+def test_phases_bench_accounts_for_the_whole_call(tmp_path: Path):
+    """python -m horovodish.bench.phases: every phase has a figure, and the top-level
+    phases add up to the measured total (the breakdown leaves nothing out)."""
+    script = tmp_path / "run_phases.py"
+    script.write_text("import sys\nfrom horovodish.bench import phases\n"
+                      "sys.argv[1:] = ['--sizes', '4096,65536', '--calls', '40']\n"
+                      "phases.main()\n")
+    result = run_ranks(script, 2, timeout=300)
+    assert_ok(result)
+    rows = {line[:24].strip(): [float(v.rstrip("x")) for v in line[24:].split()]
+            for line in result.stdout.splitlines()
+            if line[:24].strip() in (*PHASE_NAMES, "total", "MPI_Allreduce")}
+    assert set(rows) == {*PHASE_NAMES, "total", "MPI_Allreduce"}, result.stdout
+    for column in range(2):
+        top = sum(rows[name][column] for name in TOP_LEVEL)
+        assert abs(top - rows["total"][column]) <= 0.2 + 0.01 * rows["total"][column], rows
+        assert rows["total"][column] > 0 and rows["MPI_Allreduce"][column] > 0
+        assert rows["backend data path"][column] <= rows["execute"][column] + 0.1
+
+
+PHASE_NAMES = ("submit", "start cycle", "negotiation wait", "finish cycle", "execute",
+               "backend data path", "the rest")
+TOP_LEVEL = ("submit", "start cycle", "negotiation wait", "finish cycle", "the rest")
