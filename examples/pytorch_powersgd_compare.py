@@ -88,9 +88,9 @@ def main() -> None:
         exact, compressed = times["exact"], times[f"powersgd-{args.rank}"]
         print(f"powersgd-{args.rank} / exact: "
               f"{statistics.median(c / e for c, e in zip(compressed, exact)):.3f}x step time")
-        print(f"bytes a step per rank: exact {params * 4 / 2 ** 20:.2f} MiB, powersgd-"
-              f"{args.rank} {compressed_bytes / 2 ** 20:.3f} MiB "
-              f"({params * 4 / compressed_bytes:.0f}x less)")
+        print(f"bytes a step per rank: exact {params * 4} ({params * 4 / 2 ** 20:.2f} MiB), "
+              f"powersgd-{args.rank} {compressed_bytes:.0f} "
+              f"({compressed_bytes / 2 ** 20:.3f} MiB, {params * 4 / compressed_bytes:.0f}x less)")
 
 
 if __name__ == "__main__":

@@ -48,3 +48,20 @@ def test_elastic_digits_reaches_95_percent():
                        args=["--epochs", "15", "--pace", "0"], launcher_args=["--min-np", "1"])
     assert_digits_example(result, 2)
     assert "generation 1: 2 ranks, pids " in result.stdout, result.stdout
+
+
+def test_powersgd_compare_runs_and_sends_less():
+    """The PowerSGD example (made for the emulated cluster) on one host, a small MLP: both
+    step times are printed, and PowerSGD sends what its rank predicts: per matrix
+    (rows + columns) x rank floats, biases exactly."""
+    result = run_ranks(EXAMPLES / "pytorch_powersgd_compare.py", 2, timeout=180,
+                       args=["--widths", "64,128,128,10", "--rank", "2", "--rounds", "2",
+                             "--steps", "2"])
+    assert_ok(result)
+    assert re.search(r"powersgd-2 / exact: [\d.]+x step time", result.stdout), result.stdout
+    match = re.search(r"bytes a step per rank: exact (\d+) .*, powersgd-2 (\d+) ",
+                      result.stdout)
+    assert match, result.stdout
+    params = 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
+    compressed = (128 + 64) * 2 + (128 + 128) * 2 + (10 + 128) * 2 + 128 + 128 + 10
+    assert (int(match.group(1)), int(match.group(2))) == (params * 4, compressed * 4)
