@@ -161,7 +161,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     results: list[Any] = list(tensors)
     for i, tensor in enumerate(tensors):
-        if i not in dense:
+        if isinstance(tensor, tf.IndexedSlices):
             if op in (Sum, Average):
                 _refuse_sparse_scaling(prescale_factor, postscale_factor, name)
             results[i] = _sparse_allreduce(tensor, op, prescale_factor, postscale_factor,
