@@ -38,16 +38,16 @@ def _tensors(values: Sequence[Any], opname: str) -> list[tf.Tensor]:
     return tensors
 
 
-def _could_record() -> bool:
-    """Whether an eager op now could be recorded by a GradientTape or ForwardAccumulator
-    (TensorFlow's own check, internal; where it is missing, assume it could)."""
-    return _RECORD is None or _RECORD.could_possibly_record()
-
-
 try:
     from tensorflow.python.eager import record as _RECORD  # TF 2.13 and later
 except ImportError:  # pragma: no cover - older TensorFlow
     _RECORD = None
+
+
+def _could_record() -> bool:
+    """Whether an eager op now could be recorded by a GradientTape or ForwardAccumulator
+    (TensorFlow's own check, internal; where it is missing, assume it could)."""
+    return _RECORD is None or _RECORD.could_possibly_record()
 
 
 def _differentiable(forward: Callable[[list[tf.Tensor]], list[tf.Tensor]], backward: Grads,

@@ -163,12 +163,13 @@ def _listing(names: list[str], shown: int = 8) -> str:
     return ", ".join(names[:shown]) + f", ... ({len(names) - shown} more)"
 
 
-def _set_shapes(outs: list[tf.Tensor], shapes: Sequence[Any]) -> list[tf.Tensor]:
-    """The static shapes of graph outputs (tf.py_function's are unknown); eager tensors
-    have theirs already."""
+def _set_shapes(outs: list[tf.Tensor], shapes: Callable[[], Sequence[Any]]
+                ) -> list[tf.Tensor]:
+    """The static shapes of graph outputs (tf.py_function's are unknown). Eager tensors
+    have theirs already, so shapes() (a TensorShape per tensor) runs in graphs only."""
     if tf.executing_eagerly():
         return outs
-    for out, shape in zip(outs, shapes):
+    for out, shape in zip(outs, shapes()):
         out.set_shape(shape)
     return outs
 
@@ -197,9 +198,7 @@ def allreduce(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, presca
         return outs
 
     outs = run(body, tensors, [t.dtype for t in tensors], "allreduce")
-    if tf.executing_eagerly():  # (skips a shape object per tensor)
-        return outs
-    return _set_shapes(outs, [t.shape for t in tensors])
+    return _set_shapes(outs, lambda: [t.shape for t in tensors])
 
 
 def allgather(tensors: Sequence[Any], names: Sequence[str],
@@ -217,8 +216,9 @@ def allgather(tensors: Sequence[Any], names: Sequence[str],
                                                      process_set))
 
     outs = run(body, tensors, [t.dtype for t in tensors], "allgather")
-    return _set_shapes(outs, [tf.TensorShape([None]).concatenate(t.shape[1:])
-                              if t.shape.rank is not None else None for t in tensors])
+    return _set_shapes(outs, lambda: [tf.TensorShape([None]).concatenate(t.shape[1:])
+                                      if t.shape.rank is not None else None
+                                      for t in tensors])
 
 
 def broadcast(tensors: Sequence[Any], names: Sequence[str], root_rank: int,
@@ -232,9 +232,7 @@ def broadcast(tensors: Sequence[Any], names: Sequence[str], root_rank: int,
                          for a, name in zip(arrays, names)])
 
     outs = run(body, tensors, [t.dtype for t in tensors], "broadcast")
-    if tf.executing_eagerly():  # (skips a shape object per tensor)
-        return outs
-    return _set_shapes(outs, [t.shape for t in tensors])
+    return _set_shapes(outs, lambda: [t.shape for t in tensors])
 
 
 def alltoall(tensor: Any, splits: Any, name: str,
@@ -261,7 +259,7 @@ def alltoall(tensor: Any, splits: Any, name: str,
     out, received = run(body, inputs, [tensor.dtype, tf.int32], "alltoall")
     rows = tf.TensorShape([None]).concatenate(tensor.shape[1:]) \
         if tensor.shape.rank is not None else None
-    return tuple(_set_shapes([out, received], [rows, [process_set.size()]]))
+    return tuple(_set_shapes([out, received], lambda: [rows, [process_set.size()]]))
 
 
 def reducescatter(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, prescale: float,
@@ -289,13 +287,13 @@ def reducescatter(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, pr
         return tf.TensorShape([first]).concatenate(shape[1:])
 
     outs = run(body, tensors, [t.dtype for t in tensors], "reducescatter")
-    return _set_shapes(outs, [static_shape(t.shape) for t in tensors])
+    return _set_shapes(outs, lambda: [static_shape(t.shape) for t in tensors])
 
 
 def join() -> tf.Tensor:
     """The last rank to join, once every rank has."""
     body = lambda: [np.asarray(interrupts.wait(core.join_async()), np.int32)]  # noqa: E731
-    return _set_shapes(run(body, [], [tf.int32], "join"), [[]])[0]
+    return _set_shapes(run(body, [], [tf.int32], "join"), lambda: [[]])[0]
 
 
 def barrier(process_set: ProcessSet) -> Any:

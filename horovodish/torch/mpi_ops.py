@@ -14,8 +14,9 @@ from ..common.messages import Adasum, Average, Max, Min, Product, ReduceOp, Sum 
 from ..common.messages import resolve_op as _resolve_op
 from . import autograd
 from .async_ops import (allgather_async, allreduce_, allreduce_async,  # noqa: F401
-                        allreduce_async_, allreduce_plain_now, alltoall_async, barrier, broadcast_, broadcast_async,
-                        broadcast_async_, grouped_allgather_async, grouped_allreduce_,
+                        allreduce_async_, allreduce_plain_now, alltoall_async, barrier,
+                        broadcast_, broadcast_async, broadcast_async_,
+                        grouped_allgather_async, grouped_allreduce_,
                         grouped_allreduce_async, grouped_allreduce_async_,
                         grouped_allreduce_into_runtime_async, grouped_reducescatter_async, join,
                         poll, reducescatter_async, synchronize)

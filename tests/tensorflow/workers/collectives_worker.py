@@ -231,6 +231,18 @@ def gradients(rank: int, size: int) -> None:
         got = fn(*args)
         for key, value in want.items():
             close(got[key].numpy(), value, f"{mode} gradient of {key}", tol=F64_TOL)
+    # Forward mode: eager collectives skip tf.custom_gradient when nothing records, so a
+    # ForwardAccumulator must still count as recording (the JVP of a Sum is the sum of
+    # every rank's tangent).
+    x = tf.constant(data(rank, "x_ar", (3,), "float64"))
+    tangents = [np.arange(3.0) + r for r in range(size)]
+    with tf.autodiff.ForwardAccumulator(x, tf.constant(tangents[rank])) as accumulator:
+        y = hvd.allreduce(3.0 * x, op=hvd.Sum, name="forward.mode")
+    jvp = accumulator.jvp(y)
+    check(jvp is not None, "a ForwardAccumulator sees the eager allreduce")
+    if jvp is not None:
+        close(jvp.numpy(), 3.0 * np.sum(tangents, 0), "forward-mode JVP of allreduce Sum",
+              tol=F64_TOL)
 
 
 def second_order(rank: int, size: int) -> None:
