@@ -11,8 +11,9 @@ other). A new job's ranks agree on the newest commit that some rank can read and
 broadcast it from there (``State.sync``, in horovodish.common.elastic).
 
 Layout: ``<dir>/<hostname>/commit-<seq>.bin``, written to ``.tmp-...`` and renamed, so a
-reader sees a whole commit or none; older commits are deleted once the new one is in
-place, so a host holds one state (two while a commit is being written).
+reader sees a whole commit or none; once the new one is in place the older one becomes
+the spare (``.spare``), which the next commit overwrites in place, so a host holds one
+state and one retired copy of it.
 The file is a pickle (protocol 5) with its large buffers (numpy arrays) written after it
 out of band: no copy of a 100 MB model into one bytes object, and a read maps the arrays
 onto the file's bytes. The launcher removes the directory when the job ends.
@@ -33,6 +34,7 @@ ENV_DIR = "HOROVODISH_ELASTIC_DIR"
 _MAGIC = b"HVDCOMMIT1\n"
 _NAME = re.compile(r"^commit-(\d{12})\.bin$")
 _KEEP = 1
+_SPARE = ".spare"  # a retired commit's file, overwritten by the next write
 _ALIGN = 64  # each array starts on a cache line of the file (and of the buffer read)
 
 
@@ -57,14 +59,25 @@ def newest(folder: Path | None) -> int:
 
 
 def write(folder: Path, seq: int, payload: Any) -> int:
-    """Write commit seq atomically (temporary file, then rename) and delete the older
-    ones. Returns the bytes written."""
+    """Write commit seq atomically (temporary file, then rename) and retire the older
+    ones. Returns the bytes written.
+
+    The file written is the last retired commit's (the spare), overwritten in place:
+    its pages are in the page cache already, while a new file's must be allocated and
+    the deleted one's freed (11.8 MB took 1.6 ms overwritten against 11.8 ms as a new
+    file here; docs/tuning.md). Under its temporary name no reader takes it for a
+    commit."""
     folder.mkdir(parents=True, exist_ok=True)
     buffers: list[pickle.PickleBuffer] = []
     head = pickle.dumps(payload, protocol=5, buffer_callback=buffers.append)
     views = [buffer.raw() for buffer in buffers]
     tmp = folder / f".tmp-{os.getpid()}-{seq}"
-    with open(tmp, "wb") as out:
+    try:
+        os.replace(folder / _SPARE, tmp)
+        mode = "r+b"
+    except FileNotFoundError:
+        mode = "wb"
+    with open(tmp, mode) as out:
         out.write(_MAGIC)
         out.write(struct.pack("<QQ", len(head), len(views)))
         out.write(struct.pack(f"<{len(views)}Q", *(view.nbytes for view in views)))
@@ -73,14 +86,18 @@ def write(folder: Path, seq: int, payload: Any) -> int:
             out.write(bytes(-out.tell() % _ALIGN))
             out.write(view)
         size = out.tell()
+        out.truncate()  # a spare from a larger state is longer
     os.replace(tmp, _path(folder, seq))
-    for name in os.listdir(folder):
-        match = _NAME.match(name)
-        if match and int(match.group(1)) <= seq - _KEEP:
-            try:
-                os.unlink(folder / name)
-            except FileNotFoundError:
-                pass
+    retired = sorted(int(m.group(1)) for m in map(_NAME.match, os.listdir(folder))
+                     if m and int(m.group(1)) <= seq - _KEEP)
+    for old in retired:
+        try:
+            if old == retired[-1]:
+                os.replace(_path(folder, old), folder / _SPARE)  # the next write's file
+            else:
+                os.unlink(_path(folder, old))
+        except FileNotFoundError:
+            pass
     return size
 
 

@@ -155,7 +155,12 @@ class _Sampler(_Member):
             collectives.allreduce_async(bitmap, bitmap, "elastic.sampler.processed",
                                         ReduceOp.MAX).wait()
             sampler.processed_indices.update(np.flatnonzero(bitmap).tolist())
-        super().save()
+        if type(sampler).state_dict is ElasticSampler.state_dict:
+            # Its state_dict is a fresh dict and set already: refreshing would copy the
+            # set of processed indices (tens of thousands) a second time.
+            self._saved = sampler.state_dict()
+        else:
+            super().save()
 
     def sync(self, root: int) -> None:
         from .functions import allgather_object, broadcast_object

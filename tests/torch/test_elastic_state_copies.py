@@ -39,3 +39,18 @@ def test_tensors_are_copied_into_the_previous_restore_point():
     assert torch.equal(second["w"], torch.arange(4.0) + 10)
     weight += 1
     assert torch.equal(second["w"], torch.arange(4.0) + 10)
+
+
+def test_a_sampler_restore_point_is_its_own():
+    """The sampler's state is saved without a second copy; what training records
+    afterwards must not leak into the restore point."""
+    from horovodish.torch.elastic import ElasticSampler, _Sampler
+
+    sampler = ElasticSampler(list(range(100)), shuffle=False)
+    sampler.processed_indices.update({1, 2, 3})
+    kept = _Sampler(sampler)  # saves at once
+    sampler.processed_indices.add(50)
+    sampler.epoch = 7
+    assert kept._saved == {"epoch": 0, "processed_indices": {1, 2, 3}}
+    kept.restore()
+    assert sampler.processed_indices == {1, 2, 3} and sampler.epoch == 0
