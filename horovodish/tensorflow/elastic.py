@@ -73,32 +73,27 @@ def _broadcast(variables: Sequence[Any], what: str, root: int = 0) -> None:
     broadcast_variables(variables, root_rank=root)
 
 
-class TensorFlowState(ObjectState):
-    """tf.Variables (and keras.Variables), kept in place: their values are copied on
-    save, assigned back on restore, broadcast from rank 0 on sync. Other keywords are
-    plain picklable attributes, as in TorchState. ``session`` is accepted and ignored
-    (TensorFlow 2 runs eagerly)."""
+class _VariablesState(ObjectState):
+    """Variables kept in place, their values copied on save and assigned back on restore
+    (and written with the commit); subclasses say which variables."""
 
-    def __init__(self, variables: Sequence[Any] | None = None, session: Any = None,
-                 **kwargs: Any) -> None:
-        self.variables = list(variables or [])
+    _what = "the variables"  # for restore's error message
+
+    def __init__(self, **kwargs: Any) -> None:
         self._values: list[np.ndarray] = []
         super().__init__(**kwargs)
         self.save()
 
+    def _variables(self) -> list[Any]:
+        raise NotImplementedError
+
     def save(self) -> None:
-        self._values = _values(self.variables)
+        self._values = _values(self._variables())
         super().save()
 
     def restore(self) -> None:
-        _assign(self.variables, self._values, "TensorFlowState's variables")
+        _assign(self._variables(), self._values, self._what)
         super().restore()
-
-    def _sync_from(self, root: int) -> None:
-        """Make every rank's state root's (and that the restore point)."""
-        if self.variables:
-            _broadcast(self.variables, "variables", root)
-        super()._sync_from(root)
 
     def _payload(self) -> Any:
         return {**super()._payload(), "values": self._values}
@@ -108,6 +103,29 @@ class TensorFlowState(ObjectState):
         self._values = payload["values"]
 
 
+class TensorFlowState(_VariablesState):
+    """tf.Variables (and keras.Variables), kept in place: their values are copied on
+    save, assigned back on restore, broadcast from rank 0 on sync. Other keywords are
+    plain picklable attributes, as in TorchState. ``session`` is accepted and ignored
+    (TensorFlow 2 runs eagerly)."""
+
+    _what = "TensorFlowState's variables"
+
+    def __init__(self, variables: Sequence[Any] | None = None, session: Any = None,
+                 **kwargs: Any) -> None:
+        self.variables = list(variables or [])
+        super().__init__(**kwargs)
+
+    def _variables(self) -> list[Any]:
+        return self.variables
+
+    def _sync_from(self, root: int) -> None:
+        """Make every rank's state root's (and that the restore point)."""
+        if self.variables:
+            _broadcast(self.variables, "variables", root)
+        super()._sync_from(root)
+
+
 def _build_optimizer(model: Any, optimizer: Any) -> None:
     """Keras 3 builds an optimizer in its first step. Build it now: a commit taken before
     that step then holds the optimizer's initial state for a restore to go back to."""
@@ -115,21 +133,21 @@ def _build_optimizer(model: Any, optimizer: Any) -> None:
         optimizer.build(model.trainable_variables)
 
 
-class TensorFlowKerasState(ObjectState):
+class TensorFlowKerasState(_VariablesState):
     """A Keras model's variables and its optimizer's (``optimizer`` defaults to the
     model's own; pass it for a custom loop whose optimizer is not compiled into the
     model), plus plain picklable attributes. The model must be built (an Input, or
     called once) by the time the state syncs; the optimizer is built for it.
     ``backend`` is accepted and ignored (one Keras 3 backend here)."""
 
+    _what = "the Keras model and optimizer"
+
     def __init__(self, model: Any, optimizer: Any = None, backend: Any = None,
                  **kwargs: Any) -> None:
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer",
                                                                          None)
-        self._values: list[np.ndarray] = []
         super().__init__(**kwargs)
-        self.save()
 
     def _separate_optimizer(self) -> bool:
         return (self.optimizer is not None
@@ -143,14 +161,6 @@ class TensorFlowKerasState(ObjectState):
             variables += list(self.optimizer.variables)
         return variables
 
-    def save(self) -> None:
-        self._values = _values(self._variables())
-        super().save()
-
-    def restore(self) -> None:
-        _assign(self._variables(), self._values, "the Keras model and optimizer")
-        super().restore()
-
     def _sync_from(self, root: int) -> None:
         """Make every rank's state root's (and that the restore point)."""
         from .keras.callbacks import broadcast_model_state
@@ -159,10 +169,3 @@ class TensorFlowKerasState(ObjectState):
             _build_optimizer(self.model, self.optimizer)
             _broadcast(self.optimizer.variables, "optimizer", root)
         super()._sync_from(root)
-
-    def _payload(self) -> Any:
-        return {**super()._payload(), "values": self._values}
-
-    def _load_payload(self, payload: Any) -> None:
-        super()._load_payload(payload)
-        self._values = payload["values"]
