@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..common.api.collectives import cuda_device
-from ..common.execution.cuda import DEVICE_CUDA, load_cupy
+from ..common.execution.cuda import DEVICE_CUDA, TypedView, load_cupy, plain_array
 from ..common.execution.cuda_streams import DeviceEvent, record_ready, stream_waits
 from ..common.messages import ReduceOp, RequestType
 
@@ -72,16 +72,17 @@ def on_device(tensors: list[torch.Tensor], kind: RequestType,
 
 def as_cuda_view(tensor: torch.Tensor) -> Any:
     """A CuPy array sharing memory with a contiguous CUDA tensor (bfloat16, which the
-    interface cannot describe, as its int16 bits; the request carries the dtype)."""
+    interface cannot describe, as its int16 bits, in a view that tells the core its
+    real dtype)."""
     tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
-        tensor = tensor.view(torch.int16)
+        return TypedView(load_cupy().asarray(tensor.view(torch.int16)), ml_dtypes.bfloat16)
     return load_cupy().asarray(tensor)
 
 
 def from_cuda_view(array: Any, dtype: torch.dtype) -> torch.Tensor:
     """A CUDA tensor sharing memory with a CuPy array (the inverse of as_cuda_view)."""
-    tensor = torch.from_dlpack(array)
+    tensor = torch.from_dlpack(plain_array(array))
     return tensor.view(torch.bfloat16) if dtype == torch.bfloat16 else tensor
 
 

@@ -48,8 +48,10 @@ class _Memory:
     def ptr(self) -> int:
         return self._array.ctypes.data
 
-    def copy_from_host_async(self, ptr: int, nbytes: int, stream: Any = None) -> None:
-        host_bytes(self.ptr, nbytes)[:] = host_bytes(ptr, nbytes)
+    def copy_from_host_async(self, mem: ctypes.c_void_p, nbytes: int,
+                             stream: Any = None) -> None:
+        # CuPy reads mem.value: a plain int fails there, as it does here.
+        host_bytes(self.ptr, nbytes)[:] = host_bytes(mem.value, nbytes)
 
 
 class FakeArray:

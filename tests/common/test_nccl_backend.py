@@ -357,3 +357,18 @@ def test_host_backends_never_see_cuda_views_and_nccl_never_host_ones(world):
     assert manager.choose(RequestType.ALLGATHER, "int16", 8, device="cpu") is host
     with pytest.raises(RuntimeError, match="NCCL backend is not in this runtime"):
         OperationManager([host]).choose(RequestType.ALLREDUCE, "float32", 8, device="cuda")
+
+
+def test_a_bfloat16_view_names_its_request_bfloat16_and_unwraps_for_dlpack():
+    """CuPy has no bfloat16: the torch adapter hands the core the int16 bits in a
+    TypedView. The core names requests by .dtype, so without the view a bfloat16
+    allreduce would be negotiated as int16, which NCCL cannot reduce."""
+    from horovodish.common.api.collectives import reduction_request
+    from horovodish.common.execution.cuda import TypedView, plain_array
+    bits = FakeArray(np.arange(6, dtype=np.int16).reshape(2, 3))
+    view = TypedView(bits, ml_dtypes.bfloat16)
+    request = reduction_request(RequestType.ALLREDUCE, "g", view, ReduceOp.SUM, 1.0, 1.0,
+                                "cuda")
+    assert (request.dtype, request.shape) == ("bfloat16", (2, 3))
+    assert view.data.ptr == bits.data.ptr and view.itemsize == 2 and view.nbytes == 12
+    assert plain_array(view) is bits and plain_array(bits) is bits

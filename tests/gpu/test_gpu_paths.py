@@ -3,6 +3,7 @@ on NCCL (1 rank: NCCL refuses two ranks on one GPU) and host-staged (2 and 4 ran
 the one GPU). Skipped without a GPU (conftest.py)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -18,5 +19,6 @@ CHECKS = ["the_path_is_the_one_chosen", "allreduce_every_op_and_dtype",
 
 @pytest.mark.parametrize("np,path", [(1, "nccl"), (2, "mpi"), (4, "mpi")])
 def test_cuda_tensors(np, path):
-    result = run_ranks(WORKER, np, env={"HOROVODISH_GPU_OPERATIONS": path}, timeout=240)
+    result = run_ranks(WORKER, np, env={"HOROVODISH_GPU_OPERATIONS": path},
+                       timeout=float(os.environ.get("HOROVODISH_GPU_TEST_TIMEOUT", 240)))
     assert_ranks_ok(result, np, CHECKS)

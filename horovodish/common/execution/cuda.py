@@ -83,6 +83,26 @@ def nccl_version() -> int:
     return int(load_nccl().get_version())
 
 
+class TypedView:
+    """A CuPy array seen with a dtype CuPy cannot name (bfloat16, carried as its int16
+    bits). The core names a request by its tensor's ``.dtype``, so the view reports the
+    real one; everything else (``.data.ptr``, ``.shape``, ``.device``, ``__dlpack__``)
+    is the array's."""
+    __slots__ = ("array", "dtype")
+
+    def __init__(self, array: Any, dtype: Any) -> None:
+        self.array = array
+        self.dtype = dtype
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.array, name)
+
+
+def plain_array(view: Any) -> Any:
+    """The CuPy array behind a view (a TypedView's, or the view itself)."""
+    return view.array if type(view) is TypedView else view
+
+
 # -- the choice --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GpuOperations:

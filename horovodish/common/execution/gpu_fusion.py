@@ -19,6 +19,7 @@ step uploads nothing.
 """
 from __future__ import annotations
 
+import ctypes
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
@@ -238,7 +239,7 @@ class BatchedCopier:
         np.frombuffer(pinned, dtype=np.int64, count=table.size)[:] = table
         with stream:
             device = cupy.empty(table.size, dtype=np.int64)
-        device.data.copy_from_host_async(pinned.ptr, table.nbytes, stream)
+        device.data.copy_from_host_async(ctypes.c_void_p(pinned.ptr), table.nbytes, stream)
         uploaded = cupy.cuda.Event(block=False, disable_timing=True)
         uploaded.record(stream)
         self._tables[key] = (device, pinned, uploaded)
