@@ -45,8 +45,16 @@ for name in ('torch', 'cupy', 'mpi4py', 'numpy', 'ml_dtypes', 'cloudpickle', 'py
 import torch; print('cuda', torch.version.cuda, torch.cuda.device_count(), 'device(s)')
 from cupy.cuda import nccl; print('nccl', nccl.get_version())
 EOF"
+# --use-pep517: else setuptools' develop command runs a nested pip that wants a registry.
 [ "${SKIP_INSTALL:-0}" = 1 ] ||
-    stage install 60 "$PY" -m pip install --no-deps --no-build-isolation --no-index -e .
+    stage install 60 "$PY" -m pip install --no-deps --no-build-isolation --no-index \
+        --use-pep517 -e .
+if ! "$PY" -c "import horovodish.launcher" 2>/dev/null; then
+    # Not installed: horovodish.launcher (setup.py maps it to launcher/) through a link
+    # in this copy of the checkout, with the checkout on PYTHONPATH.
+    ln -sfn ../launcher horovodish/launcher
+    echo "   horovodish.launcher linked into this checkout" | tee -a "$OUT/summary.txt"
+fi
 stage check_build 40 "$PY" -m horovodish.launcher --check-build
 
 if ! command -v mpirun > /dev/null && ! [ -x "$(dirname "$($PY -c 'import sys; print(sys.executable)')")/mpirun" ]; then
