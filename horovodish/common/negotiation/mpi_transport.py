@@ -46,6 +46,25 @@ def wait_politely(request: MPI.Request, max_sleep: float = _MAX_SLEEP,
     return True
 
 
+class _RepostedAllreduce:
+    """A persistent allreduce's surface (Start, Test, Free) over Iallreduce, for MPIs
+    without MPI-4's persistent collectives: Open MPI 4.x raises NotImplementedError at
+    Allreduce_init. Posting costs a little more per cycle; nothing else changes."""
+
+    def __init__(self, comm: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> None:
+        self._comm, self._send, self._recv = comm, send, recv
+        self._request = MPI.REQUEST_NULL
+
+    def Start(self) -> None:
+        self._request = self._comm.Iallreduce(self._send, self._recv, op=MPI.BAND)
+
+    def Test(self) -> bool:
+        return self._request.Test()
+
+    def Free(self) -> None:
+        """Nothing to free: each request ends with its Test (one in flight at a time)."""
+
+
 class _MPIPending(Pending):
     def __init__(self, request: MPI.Request, out: np.ndarray, transport: MPITransport) -> None:
         super().__init__(out)
@@ -71,7 +90,7 @@ class MPITransport(Transport):
         # negotiation is in flight at a time, so its buffers are reused.
         self._send: np.ndarray | None = None
         self._recv: np.ndarray | None = None
-        self._persistent: MPI.Prequest | None = None
+        self._persistent: MPI.Prequest | _RepostedAllreduce | None = None
         self._pending: _MPIPending | None = None
 
     def allreduce_and(self, words: np.ndarray) -> np.ndarray:
@@ -93,7 +112,10 @@ class MPITransport(Transport):
         self.close()
         self._send = np.empty(shape, dtype=np.uint64)
         self._recv = np.empty(shape, dtype=np.uint64)
-        self._persistent = self.comm.Allreduce_init(self._send, self._recv, op=MPI.BAND)
+        try:
+            self._persistent = self.comm.Allreduce_init(self._send, self._recv, op=MPI.BAND)
+        except NotImplementedError:  # an MPI before MPI-4
+            self._persistent = _RepostedAllreduce(self.comm, self._send, self._recv)
         self._pending = _MPIPending(self._persistent, self._recv, self)
 
     def close(self) -> None:
