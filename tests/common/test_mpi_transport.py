@@ -28,6 +28,14 @@ class _Mpi3Comm:
         self.posted += 1
         return MPI.COMM_SELF.Iallreduce(send, recv, op=op)
 
+    def Dup(self) -> "_Mpi3Comm":
+        """Negotiation then runs on a communicator of its own: here, this one."""
+        self.dups = getattr(self, "dups", 0) + 1
+        return self
+
+    def Free(self) -> None:
+        self.freed = True
+
 
 def test_negotiation_falls_back_to_iallreduce_without_persistent_collectives():
     comm = _Mpi3Comm()
@@ -39,4 +47,6 @@ def test_negotiation_falls_back_to_iallreduce_without_persistent_collectives():
         assert pending.wait()
         np.testing.assert_array_equal(pending.result(), words)
     assert comm.posted == 3  # one Iallreduce a cycle
+    assert comm.dups == 1  # on a communicator of its own, made once
     transport.close()
+    assert comm.freed

@@ -92,6 +92,13 @@ class MPITransport(Transport):
         self._recv: np.ndarray | None = None
         self._persistent: MPI.Prequest | _RepostedAllreduce | None = None
         self._pending: _MPIPending | None = None
+        # Without persistent collectives (MPI before 4.0: Open MPI 4.x) each cycle posts an
+        # Iallreduce, which must then keep one order with the backends' collectives on
+        # comm on every rank; it runs on a communicator of its own instead (measured on
+        # Open MPI 4.1: on the shared one, messages of different collectives met and
+        # were truncated).
+        self._own_comm: MPI.Comm | None = comm.Dup() if self.size > 1 and \
+            MPI.Get_version() < (4, 0) else None
 
     def allreduce_and(self, words: np.ndarray) -> np.ndarray:
         pending = self.start_allreduce_and(words)
@@ -109,20 +116,34 @@ class MPITransport(Transport):
         return self._pending
 
     def _open(self, shape: tuple[int, ...]) -> None:
-        self.close()
+        self._release()
         self._send = np.empty(shape, dtype=np.uint64)
         self._recv = np.empty(shape, dtype=np.uint64)
-        try:
-            self._persistent = self.comm.Allreduce_init(self._send, self._recv, op=MPI.BAND)
-        except NotImplementedError:  # an MPI before MPI-4
-            self._persistent = _RepostedAllreduce(self.comm, self._send, self._recv)
+        if self._own_comm is None:
+            try:
+                self._persistent = self.comm.Allreduce_init(self._send, self._recv,
+                                                            op=MPI.BAND)
+            except NotImplementedError:  # MPI 4.0 in name, without the call
+                self._own_comm = self.comm.Dup()
+        if self._own_comm is not None:
+            self._persistent = _RepostedAllreduce(self._own_comm, self._send, self._recv)
         self._pending = _MPIPending(self._persistent, self._recv, self)
 
-    def close(self) -> None:
-        """Free the persistent request (before its communicator is freed)."""
+    def _release(self) -> None:
         if self._persistent is not None:
             self._persistent.Free()
             self._persistent = self._pending = None
+
+    def close(self) -> None:
+        """Free the persistent request and the transport's own communicator, if any
+        (before comm is freed)."""
+        self._release()
+        if self._own_comm is not None:
+            own, self._own_comm = self._own_comm, None
+            try:
+                own.Free()
+            except MPI.Exception:  # a peer that died can leave it unfreeable: leave it
+                pass
 
     def gather(self, obj: Any) -> list[Any] | None:
         return self.comm.gather(obj, root=0)
