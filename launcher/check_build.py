@@ -51,12 +51,14 @@ def _nccl() -> str:
 def _gpu_path() -> str:
     """The path this environment gives CUDA tensors (HOROVODISH_GPU_OPERATIONS ...)."""
     from horovodish.common.config import Config
-    from horovodish.common.execution.cuda import NCCL, choose_gpu_operations
+    from horovodish.common.execution.cuda import (AUTO, HOST_STAGED, NCCL,
+                                                  choose_gpu_operations, nccl_loads)
     try:
         gpu = choose_gpu_operations(Config.from_env())
     except ValueError as exc:  # what init() would raise
         return f"init() would fail: {exc}"
-    names = {NCCL: "NCCL", "mpi": "staged through host memory, MPI"}
+    names = {NCCL: "NCCL", HOST_STAGED: "staged through host memory, MPI"}
+    names[AUTO] = names[NCCL if nccl_loads() else HOST_STAGED] + " (the default)"
     if gpu.allreduce == gpu.others:
         return names[gpu.others]
     return f"allreduce: {names[gpu.allreduce]}; others: {names[gpu.others]}"

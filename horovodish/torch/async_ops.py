@@ -20,7 +20,7 @@ from ..common.api.process_sets import ProcessSet, global_process_set
 from ..common.execution.cuda import DEVICE_CUDA
 from . import tensor_views
 from .tensor_views import (as_cuda_view, as_numpy, check_tensor, device_class, empty_allocator,
-                           from_cuda_view, from_numpy, on_device, ready_event,
+                           from_cuda_views, from_numpy, on_device, ready_event,
                            wait_on_current_stream)
 
 from ..common.messages import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
@@ -311,7 +311,7 @@ def _grouped_allreduce_into_runtime(tensors: Sequence[torch.Tensor],
     the host (moved to the tensors' device, if staged). single: return the one result."""
     if _direct(tensors, RequestType.ALLREDUCE, op):  # views of a device result block
         def finish_device(results: list[Any]) -> Any:
-            out = [from_cuda_view(r, t.dtype) for r, t in zip(results, tensors)]
+            out = from_cuda_views(results, [t.dtype for t in tensors])
             return out[0] if single else out
         return _grouped_allreduce_async(
             tensors, [None] * len(tensors), name, op, prescale_factor, postscale_factor,

@@ -1,6 +1,7 @@
-"""Torch tensors as the core's views, zero-copy: numpy for host memory, CuPy for CUDA
-memory on the NCCL path (through ``__cuda_array_interface__``; results come back
-through DLPack). A CUDA tensor on the host-staged path is copied to the host instead."""
+"""Torch tensors as the core's views, zero-copy: numpy for host memory, a DeviceArray
+(pointer, device, shape, dtype) for CUDA memory on the NCCL path; results the runtime
+owns come back from CuPy blocks through DLPack, once per block. A CUDA tensor on the
+host-staged path is copied to the host instead."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 
 from ..common.api.collectives import cuda_device
-from ..common.execution.cuda import DEVICE_CUDA, TypedView, load_cupy, plain_array
+from ..common.execution.cuda import DEVICE_CUDA, DeviceArray
 from ..common.execution.cuda_streams import DeviceEvent, record_ready, stream_waits
 from ..common.messages import ReduceOp, RequestType
 
@@ -70,20 +71,39 @@ def on_device(tensors: list[torch.Tensor], kind: RequestType,
     return cuda_device(kind, str(first.dtype)[len("torch."):], op) == DEVICE_CUDA
 
 
-def as_cuda_view(tensor: torch.Tensor) -> Any:
-    """A CuPy array sharing memory with a contiguous CUDA tensor (bfloat16, which the
-    interface cannot describe, as its int16 bits, in a view that tells the core its
-    real dtype)."""
-    tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:
-        return TypedView(load_cupy().asarray(tensor.view(torch.int16)), ml_dtypes.bfloat16)
-    return load_cupy().asarray(tensor)
+_NUMPY_TYPES = {torch.uint8: np.dtype(np.uint8), torch.int8: np.dtype(np.int8),
+                torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32),
+                torch.int64: np.dtype(np.int64), torch.float16: np.dtype(np.float16),
+                torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+                torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+                torch.bool: np.dtype(np.bool_)}
 
 
-def from_cuda_view(array: Any, dtype: torch.dtype) -> torch.Tensor:
-    """A CUDA tensor sharing memory with a CuPy array (the inverse of as_cuda_view)."""
-    tensor = torch.from_dlpack(plain_array(array))
-    return tensor.view(torch.bfloat16) if dtype == torch.bfloat16 else tensor
+def as_cuda_view(tensor: torch.Tensor) -> DeviceArray:
+    """The core's view of a contiguous CUDA tensor's memory (it keeps the tensor)."""
+    return DeviceArray(tensor.data_ptr(), tensor.get_device(), tuple(tensor.shape),
+                       _NUMPY_TYPES[tensor.dtype], tensor)
+
+
+def from_cuda_views(arrays: list[Any], dtypes: list[torch.dtype]) -> list[torch.Tensor]:
+    """CUDA tensors sharing memory with CuPy views of the runtime's result blocks:
+    one DLPack import per block, then a torch view per result (a DLPack import costs
+    several times a torch view, and a step has one result per gradient). The block
+    stays busy while any of them lives: the import holds it."""
+    blocks: dict[int, torch.Tensor] = {}
+    out = []
+    for array, dtype in zip(arrays, dtypes):
+        if array is None:
+            out.append(None)
+            continue
+        base = array.base if array.base is not None else array
+        whole = blocks.get(id(base))
+        if whole is None:
+            whole = blocks[id(base)] = torch.from_dlpack(base)
+        start = (array.data.ptr - base.data.ptr) // base.itemsize
+        tensor = whole[start:start + array.size].view(array.shape)
+        out.append(tensor.view(torch.bfloat16) if dtype == torch.bfloat16 else tensor)
+    return out
 
 
 def ready_event(tensor: torch.Tensor) -> DeviceEvent:

@@ -22,16 +22,26 @@ def choose(env: dict[str, str], nccl=LOADS) -> GpuOperations:
     return choose_gpu_operations(Config.from_env(env), nccl)
 
 
-def test_default_stages_through_the_host_until_proven_on_a_gpu():
-    assert cuda.NCCL_IS_DEFAULT is False  # flip only after tests/gpu passed on a GPU
+def test_before_a_gpu_run_passed_the_default_staged_through_the_host(monkeypatch):
+    monkeypatch.setattr(cuda, "NCCL_IS_DEFAULT", False)
     assert choose({}) == GpuOperations("mpi", "mpi")
     assert choose({}, MISSING) == GpuOperations("mpi", "mpi")
 
 
-def test_once_proven_nccl_is_the_default_where_it_loads(monkeypatch):
-    monkeypatch.setattr(cuda, "NCCL_IS_DEFAULT", True)
-    assert choose({}) == GpuOperations("nccl", "nccl")
-    assert choose({}, MISSING) == GpuOperations("mpi", "mpi")
+@pytest.mark.parametrize("loads,want", [(LOADS, cuda.DEVICE_CUDA),
+                                        (MISSING, cuda.DEVICE_CUDA_STAGED)])
+def test_the_default_is_nccl_where_it_loads_found_out_at_the_first_cuda_tensor(
+        monkeypatch, loads, want):
+    assert cuda.NCCL_IS_DEFAULT is True  # tests/gpu passed on an H100 (docs/gpu.md)
+    gpu = choose({}, lambda: pytest.fail("init() probed CuPy"))
+    assert gpu == GpuOperations(cuda.AUTO, cuda.AUTO) and gpu.uses_nccl
+    monkeypatch.setattr(cuda, "_nccl_loads", None)
+    probes = []
+    monkeypatch.setattr(cuda, "load_nccl", lambda: probes.append(1) or loads())
+    monkeypatch.setattr(cuda, "why_not", lambda loader: (loader(), loads())[1])
+    for _ in range(3):
+        assert cuda.device_for(gpu, RequestType.ALLREDUCE, "float32") == want
+    assert len(probes) == 1  # probed once
     assert choose({"HOROVODISH_GPU_OPERATIONS": "mpi"}) == GpuOperations("mpi", "mpi")
 
 
@@ -44,7 +54,7 @@ def test_the_default_does_not_import_cupy():
 @pytest.mark.parametrize("env,want", [
     ({"HOROVODISH_GPU_OPERATIONS": "nccl"}, ("nccl", "nccl")),
     ({"HOROVOD_GPU_OPERATIONS": "NCCL"}, ("nccl", "nccl")),  # Horovod's name and case
-    ({"HOROVOD_GPU_ALLREDUCE": "nccl"}, ("nccl", "mpi")),  # allreduce alone
+    ({"HOROVOD_GPU_ALLREDUCE": "nccl"}, ("nccl", "auto")),  # the rest: the default
     ({"HOROVOD_GPU_OPERATIONS": "nccl", "HOROVOD_GPU_ALLREDUCE": "mpi"}, ("mpi", "nccl")),
     ({"HOROVODISH_GPU_OPERATIONS": "mpi"}, ("mpi", "mpi")),
 ])

@@ -359,16 +359,25 @@ def test_host_backends_never_see_cuda_views_and_nccl_never_host_ones(world):
         OperationManager([host]).choose(RequestType.ALLREDUCE, "float32", 8, device="cuda")
 
 
-def test_a_bfloat16_view_names_its_request_bfloat16_and_unwraps_for_dlpack():
-    """CuPy has no bfloat16: the torch adapter hands the core the int16 bits in a
-    TypedView. The core names requests by .dtype, so without the view a bfloat16
-    allreduce would be negotiated as int16, which NCCL cannot reduce."""
+def test_a_device_array_names_its_request_by_its_real_dtype():
+    """The torch adapter hands the core a DeviceArray (pointer, device, shape, numpy
+    dtype), bfloat16 as ml_dtypes' type, which CuPy cannot name: the core names requests
+    by .dtype, and an int16 view (what CuPy would give) is negotiated as int16, which
+    NCCL cannot reduce. The adapter's view of a tensor keeps the tensor alive."""
+    import torch
+
     from horovodish.common.api.collectives import reduction_request
-    from horovodish.common.execution.cuda import TypedView, plain_array
-    bits = FakeArray(np.arange(6, dtype=np.int16).reshape(2, 3))
-    view = TypedView(bits, ml_dtypes.bfloat16)
+    from horovodish.torch.tensor_views import as_cuda_view
+    tensor = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)  # (the view reads no
+    view = as_cuda_view(tensor)                                   # memory: CPU will do)
     request = reduction_request(RequestType.ALLREDUCE, "g", view, ReduceOp.SUM, 1.0, 1.0,
                                 "cuda")
     assert (request.dtype, request.shape) == ("bfloat16", (2, 3))
-    assert view.data.ptr == bits.data.ptr and view.itemsize == 2 and view.nbytes == 12
-    assert plain_array(view) is bits and plain_array(bits) is bits
+    assert (view.data.ptr, view.device.id) == (tensor.data_ptr(), tensor.get_device())
+    assert (view.itemsize, view.nbytes, view.size, view.ndim) == (2, 12, 6, 2)
+    assert view.owner is tensor
+    for dtype in (torch.float16, torch.float32, torch.int64, torch.uint8, torch.bool):
+        typed = as_cuda_view(torch.zeros(3, dtype=dtype))
+        assert typed.dtype == torch.zeros(3, dtype=dtype).numpy().dtype
+        assert reduction_request(RequestType.ALLREDUCE, "t", typed, ReduceOp.MAX, 1.0, 1.0,
+                                 "cuda").dtype == str(dtype)[len("torch."):]

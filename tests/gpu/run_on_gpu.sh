@@ -67,7 +67,7 @@ if ! command -v mpirun > /dev/null && ! [ -x "$(dirname "$($PY -c 'import sys; p
         "$PY" tests/gpu/bench_gpu.py "$OUT/figures.json"
 elif "$PY" -c "import pytest, xdist" 2>/dev/null; then
     # The kernel tests and the three jobs (1 rank NCCL, 2 and 4 ranks staged) side by side.
-    stage tests 200 "$PY" -m pytest -q -p no:cacheprovider -n 4 -rA tests/gpu
+    stage tests 200 "$PY" -m pytest -q -p no:cacheprovider -n 5 -rA tests/gpu
     stage bench 150 env HOROVODISH_GPU_OPERATIONS=nccl \
         "$PY" -m horovodish.launcher -np 1 "$PY" tests/gpu/bench_gpu.py "$OUT/figures.json"
 else

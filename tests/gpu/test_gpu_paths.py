@@ -17,8 +17,10 @@ CHECKS = ["the_path_is_the_one_chosen", "allreduce_every_op_and_dtype",
           "distributed_optimizer_matches_one_process"]
 
 
-@pytest.mark.parametrize("np,path", [(1, "nccl"), (2, "mpi"), (4, "mpi")])
+@pytest.mark.parametrize("np,path", [(1, "nccl"), (1, "default"), (2, "mpi"), (4, "mpi")])
 def test_cuda_tensors(np, path):
-    result = run_ranks(WORKER, np, env={"HOROVODISH_GPU_OPERATIONS": path},
+    """default: no variable set, where CuPy's NCCL loads: the NCCL path."""
+    env = {} if path == "default" else {"HOROVODISH_GPU_OPERATIONS": path}
+    result = run_ranks(WORKER, np, env=env,
                        timeout=float(os.environ.get("HOROVODISH_GPU_TEST_TIMEOUT", 240)))
     assert_ranks_ok(result, np, CHECKS)

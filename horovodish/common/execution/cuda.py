@@ -5,11 +5,12 @@ CuPy is optional. Nothing here imports it at module level: a CPU-only install ne
 pays for it (importing CuPy takes about a second) or breaks on it; what needs it
 imports it when first called.
 
-The choice is made once, at ``init()``: ``HOROVODISH_GPU_OPERATIONS=nccl|mpi`` (or
+The choice is made at ``init()``: ``HOROVODISH_GPU_OPERATIONS=nccl|mpi`` (or
 Horovod's ``HOROVOD_GPU_OPERATIONS``) for every collective, ``HOROVOD_GPU_ALLREDUCE``
-for allreduce alone. Unset, CUDA tensors are staged through host memory and reduced
-over MPI until the NCCL path has passed tests/gpu on a GPU (issue 24); after that,
-NCCL becomes the default wherever CuPy's NCCL loads (``NCCL_IS_DEFAULT``).
+for allreduce alone. Unset, the default is NCCL wherever CuPy's NCCL loads, else
+host-staged MPI (``NCCL_IS_DEFAULT``: tests/gpu passed on an H100, issue 24); whether
+it loads is found out at the first CUDA tensor (``AUTO``), so a job that never has
+one never imports CuPy.
 
 A request's device string says which memory its views are in, because every rank must
 choose the same backend for it: ``cuda`` (CuPy views of device memory, the NCCL
@@ -21,7 +22,10 @@ rank with an error naming the tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from math import prod
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
 
 from ..config import Config
 from ..messages import ReduceOp, RequestType
@@ -31,9 +35,10 @@ HOST_STAGED = "mpi"
 DEVICE_CUDA = "cuda"
 DEVICE_CUDA_STAGED = "cuda/host"
 
-# False until tests/gpu/run_on_gpu.sh has passed on a GPU machine (issue 24); then the
-# default for CUDA tensors becomes NCCL wherever CuPy's NCCL loads.
-NCCL_IS_DEFAULT = False
+# True since tests/gpu/run_on_gpu.sh passed on a GPU machine (issue 24): unset, CUDA
+# tensors take NCCL wherever CuPy's NCCL loads.
+NCCL_IS_DEFAULT = True
+AUTO = "auto"  # the default, resolved at the first CUDA tensor (nccl_loads())
 
 # What NCCL can reduce: its own types, and bool as uint8 (Sum and Max as max, Product
 # and Min as min, i.e. logical or / and). NCCL has no int16: such reductions stage.
@@ -83,24 +88,46 @@ def nccl_version() -> int:
     return int(load_nccl().get_version())
 
 
-class TypedView:
-    """A CuPy array seen with a dtype CuPy cannot name (bfloat16, carried as its int16
-    bits). The core names a request by its tensor's ``.dtype``, so the view reports the
-    real one; everything else (``.data.ptr``, ``.shape``, ``.device``, ``__dlpack__``)
-    is the array's."""
-    __slots__ = ("array", "dtype")
+class DevicePointer(NamedTuple):
+    ptr: int
 
-    def __init__(self, array: Any, dtype: Any) -> None:
-        self.array = array
+
+class DeviceId(NamedTuple):
+    id: int
+
+
+class DeviceArray:
+    """Device memory as the core and the NCCL backend read it: ``.data.ptr``,
+    ``.device.id``, ``.shape`` and a numpy ``.dtype`` (bfloat16 as ml_dtypes', which
+    CuPy cannot name). An adapter makes one per tensor per call, so it is a few
+    attribute reads, not a CuPy array (on the GPU machine, building one through
+    ``__cuda_array_interface__`` cost several times a whole submit). owner: what keeps
+    the memory alive (the framework's tensor)."""
+    __slots__ = ("data", "device", "shape", "dtype", "owner")
+
+    def __init__(self, ptr: int, device: int, shape: tuple[int, ...], dtype: np.dtype,
+                 owner: Any = None) -> None:
+        self.data = DevicePointer(ptr)
+        self.device = DeviceId(device)
+        self.shape = shape
         self.dtype = dtype
+        self.owner = owner
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.array, name)
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
 
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
 
-def plain_array(view: Any) -> Any:
-    """The CuPy array behind a view (a TypedView's, or the view itself)."""
-    return view.array if type(view) is TypedView else view
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
 
 
 # -- the choice --------------------------------------------------------------------------
@@ -112,14 +139,27 @@ class GpuOperations:
 
     @property
     def uses_nccl(self) -> bool:
-        return NCCL in (self.allreduce, self.others)
+        """Whether CUDA tensors may take NCCL (AUTO: if it loads, found out later)."""
+        return NCCL in (self.allreduce, self.others) or AUTO in (self.allreduce, self.others)
+
+
+_nccl_loads: bool | None = None
+
+
+def nccl_loads(nccl_problem: Callable[[], str | None] = lambda: why_not(load_nccl)) -> bool:
+    """Whether CuPy's NCCL loads here; probed once (importing CuPy takes a second)."""
+    global _nccl_loads
+    if _nccl_loads is None:
+        _nccl_loads = nccl_problem() is None
+    return _nccl_loads
 
 
 def choose_gpu_operations(config: Config,
                           nccl_problem: Callable[[], str | None] = lambda: why_not(load_nccl)
                           ) -> GpuOperations:
     """The path for CUDA tensors from the configuration; ValueError if NCCL is asked
-    for and does not load. Probes CuPy only when the answer depends on it."""
+    for and does not load. Probes CuPy only when NCCL is asked for: the default is
+    AUTO, resolved at the first CUDA tensor."""
     others = config.gpu_operations
     allreduce = config.gpu_allreduce or others
     if NCCL in (others, allreduce):
@@ -132,7 +172,7 @@ def choose_gpu_operations(config: Config,
                 f"horovodish[cuda13] to match your CUDA, or set HOROVODISH_{asked}=mpi to "
                 "stage CUDA tensors through host memory.")
     if others is None or allreduce is None:
-        default = NCCL if NCCL_IS_DEFAULT and nccl_problem() is None else HOST_STAGED
+        default = AUTO if NCCL_IS_DEFAULT else HOST_STAGED
         others = others or default
         allreduce = allreduce or default
     return GpuOperations(allreduce=allreduce, others=others)
@@ -145,6 +185,8 @@ def device_for(gpu: GpuOperations, kind: RequestType, dtype: str,
     or a reduction NCCL cannot do: int16, Adasum). The same on every rank for the same
     configuration, call and dtype."""
     path = gpu.allreduce if kind == RequestType.ALLREDUCE else gpu.others
+    if path == AUTO:
+        path = NCCL if nccl_loads() else HOST_STAGED
     if path != NCCL:
         return DEVICE_CUDA_STAGED
     if kind in _REDUCING and (dtype not in NCCL_REDUCIBLE or op == ReduceOp.ADASUM):

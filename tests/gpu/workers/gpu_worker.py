@@ -22,7 +22,8 @@ from worker_support import check, close, run_checks  # noqa: E402
 import horovodish.torch as hvd  # noqa: E402
 from horovodish.torch import async_ops  # noqa: E402
 
-NCCL = os.environ.get("HOROVODISH_GPU_OPERATIONS") == "nccl"
+# Unset, the default: NCCL where CuPy's NCCL loads (it does wherever tests/gpu runs).
+NCCL = os.environ.get("HOROVODISH_GPU_OPERATIONS", "nccl") == "nccl"
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32,
           torch.int64, torch.uint8]
 OPS = [hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product]
