@@ -134,6 +134,50 @@ def allreduce_overhead() -> dict:
     return figures
 
 
+def host_costs() -> dict:
+    """Where a synchronous CUDA allreduce's host time goes, in us per call (medians of
+    rounds of 200): the whole call on a small CUDA tensor and on a CPU tensor of the
+    same size (the runtime's own Python on this host), and each CUDA-only piece alone."""
+    import cupy
+    from cupy.cuda import nccl
+
+    from horovodish.torch.tensor_views import as_cuda_view, ready_event, wait_on_current_stream
+
+    def per_call_us(run, calls: int = 200) -> float:
+        rounds = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(calls):
+                run()
+            rounds.append((time.perf_counter() - start) / calls * 1e6)
+        return statistics.median(rounds)
+    def device_context() -> None:
+        with cupy.cuda.Device(0):
+            pass
+    gpu, cpu = torch.ones(256, device="cuda"), torch.ones(256)
+    event = ready_event(gpu)
+    communicator = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    figures = {
+        "allreduce_cuda_tensor": per_call_us(lambda: hvd.allreduce_(gpu, name="host.gpu")),
+        "allreduce_cpu_tensor": per_call_us(lambda: hvd.allreduce_(cpu, name="host.cpu")),
+        "as_cuda_view": per_call_us(lambda: as_cuda_view(gpu)),
+        "ready_event": per_call_us(lambda: ready_event(gpu)),
+        "wait_on_current_stream": per_call_us(lambda: wait_on_current_stream(event)),
+        "torch_current_stream": per_call_us(lambda: torch.cuda.current_stream(0).cuda_stream),
+        "cupy_event_record": per_call_us(
+            lambda: cupy.cuda.Event(block=False, disable_timing=True).record(stream)),
+        "cupy_device_context": per_call_us(device_context),
+        "raw_nccl_enqueue": per_call_us(lambda: communicator.allReduce(
+            gpu.data_ptr(), gpu.data_ptr(), 256, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+            stream.ptr)),
+    }
+    torch.cuda.synchronize()
+    stream.synchronize()
+    communicator.destroy()
+    return figures
+
+
 def training_step(batch: int = 32) -> dict:
     """ResNet-50 steps with and without DistributedOptimizer (one rank, NCCL): the
     median step, and the host time until step() returns (the host runs ahead of the
@@ -198,6 +242,7 @@ def main() -> None:
                "ranks": hvd.size()}
     for name, measure in (("fusion_kernel", fusion_kernel),
                           ("allreduce_64MiB", allreduce_overhead),
+                          ("host_costs_us", host_costs),
                           ("resnet50_step", training_step),
                           ("resnet50_step_batch128", lambda: training_step(128))):
         try:
