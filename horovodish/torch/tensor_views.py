@@ -15,15 +15,16 @@ from ..common.execution.cuda import DEVICE_CUDA, DeviceArray
 from ..common.execution.cuda_streams import DeviceEvent, record_ready, stream_waits
 from ..common.messages import ReduceOp, RequestType
 
-_SUPPORTED = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-              torch.bfloat16, torch.float32, torch.float64, torch.bool}
+SUPPORTED = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                       torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                       torch.bool})
 
 
 def check_tensor(tensor: torch.Tensor, opname: str) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{opname} expects a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in _SUPPORTED:
-        names = ", ".join(sorted(str(d).replace("torch.", "") for d in _SUPPORTED))
+    if tensor.dtype not in SUPPORTED:
+        names = ", ".join(sorted(str(d).replace("torch.", "") for d in SUPPORTED))
         raise TypeError(f"{opname}: dtype {tensor.dtype} is not supported; supported: {names}")
     if not tensor.is_cpu and tensor.is_meta:  # is_cpu: 80 ns; tensor.device 300 ns
         raise NotImplementedError(f"{opname}: a meta tensor has no values to send.")

@@ -228,8 +228,8 @@ def test_fused_single_and_owned_allreduce(world, size, dtype, op, pre, post):
     def rank_main(rank: int):
         executor = _executor(w, rank)
         results = {}
-        for mode in ("outputs", "owned", "single"):
-            group = responses if mode != "single" else responses[2:3]
+        for mode in ("outputs", "owned", "single", "owned single"):
+            group = responses if "single" not in mode else responses[2:3]
             mine = []
             for response in group:
                 i = responses.index(response)
@@ -237,7 +237,7 @@ def test_fused_single_and_owned_allreduce(world, size, dtype, op, pre, post):
                     mine.append(None)
                     continue
                 x = inputs[(rank, i)]
-                output = None if mode == "owned" else _view(np.empty_like(x))
+                output = None if mode.startswith("owned") else _view(np.empty_like(x))
                 mine.append(_entry(response, _view(x.copy()), output))
             executor.execute(group, mine)
             results[mode] = [None if e is None else e.wait() for e in mine]
@@ -248,7 +248,7 @@ def test_fused_single_and_owned_allreduce(world, size, dtype, op, pre, post):
     for rank, results in enumerate(outcome):
         assert not isinstance(results, BaseException), results
         for mode, got in results.items():
-            indices = range(len(shapes)) if mode != "single" else [2]
+            indices = range(len(shapes)) if "single" not in mode else [2]
             for index, value in zip(indices, got):
                 if value is None:
                     continue
@@ -275,6 +275,23 @@ def test_a_fused_group_is_one_launch_each_way_and_one_nccl_call(world):
     assert w.cupy.launches == ["horovodish_copy_float32"]  # compiled once, for the dtype
     assert w.cupy.calls == ["horovodish_copy_float32"] * 2  # pack, unpack: 40 tensors
     assert _host(mine[3].wait(), np.float32).tolist() == [2.0] * 22
+
+
+def test_one_tensor_into_a_result_block_is_one_nccl_call_and_no_launch(world):
+    """An out-of-place single allreduce without a prescale: NCCL reads the input where
+    it is and writes the block (a pack launch costs host time on every call)."""
+    w = world(1)
+    response = Response("one", RequestType.ALLREDUCE, "float32", (4099,), ReduceOp.SUM,
+                        device="cuda")
+    backend = NcclBackend(w.comm(0))
+    executor = Executor(OperationManager([backend]), 0, 1)
+    x = np.arange(4099, dtype=np.float32)
+    entry = _entry(response, _view(x))
+    executor.execute([response], [entry])
+    got = _host(entry.wait(), np.float32)
+    (communicator,) = backend.communicators._communicators.values()
+    assert communicator.calls == ["allReduce"] and w.cupy.calls == []
+    np.testing.assert_array_equal(got, x)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3])

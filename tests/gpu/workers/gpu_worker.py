@@ -67,6 +67,18 @@ def allreduce_every_op_and_dtype(rank: int, size: int) -> None:
                 want = hvd.allreduce(x, op=op, prescale_factor=pre, postscale_factor=post,
                                      name=f"cpu.{tag}")
                 _same(got, want, f"allreduce {tag}")
+                in_place = x.cuda()
+                same = hvd.allreduce_(in_place, op=op, prescale_factor=pre,
+                                      postscale_factor=post, name=f"gpu_.{tag}")
+                check(same is in_place, f"allreduce_ {tag} returned another tensor")
+                _same(in_place, want, f"allreduce_ {tag}")
+                strided = x.t().cuda()  # not contiguous: reduced in a copy, written back
+                hvd.allreduce_(strided, op=op, prescale_factor=pre, postscale_factor=post,
+                               name=f"gpu_t.{tag}")
+                _same(strided, want.t(), f"allreduce_ of a transposed tensor {tag}")
+                handle = hvd.allreduce_async(x.cuda(), op=op, prescale_factor=pre,
+                                             postscale_factor=post, name=f"gpu_a.{tag}")
+                _same(hvd.synchronize(handle), want, f"allreduce_async {tag}")
 
 
 def grouped_in_place_and_owned_allreduce(rank: int, size: int) -> None:

@@ -226,11 +226,18 @@ class NcclBackend(Backend):
         layout = plan_layout(tuple(counts))
         buf = state.blocks.take(storage, total) if owned else state.buffers.get(storage, total)
         base = buf.data.ptr if total else 0
-        inputs = [e.tensor.data.ptr if e is not None else 0 for e in entries]
-        copier.launch(dtype, layout, *pack_pointers(layout, base, storage.itemsize, inputs),
-                      stream, scale=group.prescale)
-        if total:
-            communicator.allReduce(base, base, total, datatype, op, stream.ptr)
+        if len(entries) == 1 and entries[0] is not None and group.prescale == 1.0:
+            # One tensor into a result block: NCCL reads it where it is (no pack).
+            if total:
+                communicator.allReduce(entries[0].tensor.data.ptr, base, total, datatype, op,
+                                       stream.ptr)
+        else:
+            inputs = [e.tensor.data.ptr if e is not None else 0 for e in entries]
+            copier.launch(dtype, layout, *pack_pointers(layout, base, storage.itemsize,
+                                                        inputs),
+                          stream, scale=group.prescale)
+            if total:
+                communicator.allReduce(base, base, total, datatype, op, stream.ptr)
         outputs = [e.output.data.ptr if e is not None and e.output is not None else 0
                    for e in entries]
         if not owned:
