@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ...dtypes import MPI_REDUCIBLE
+from ...dtypes import MPI_REDUCIBLE, known_dtype_name
 from ...messages import ReduceOp, RequestType
 from .mpi import MPIBackend
 from .ring import RingBackend
@@ -141,7 +141,7 @@ class HierarchicalBackend(SharedMemoryBackend):
         the cross communicator has the same local rank, hence a slice of the same size."""
         if reduced.size == 0:
             return
-        if reduced.nbytes >= CROSS_RING_BYTES or reduced.dtype.name not in MPI_REDUCIBLE:
+        if reduced.nbytes >= CROSS_RING_BYTES or known_dtype_name(reduced.dtype) not in MPI_REDUCIBLE:
             self._cross_ring.allreduce(reduced, op)
         else:
             self._cross_mpi.allreduce(reduced, op)
