@@ -8,7 +8,7 @@ import pytest
 from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "scaling_worker.py"
-CHECKS = ["single_tensor", "fused_group", "reducescatter"]
+CHECKS = ["single_tensor", "fused_group", "many_small_tensors", "reducescatter"]
 
 
 @pytest.mark.parametrize("operations", ["", "mpi"])

@@ -50,6 +50,18 @@ def divide_toward_zero(buf: np.ndarray, divisor: int) -> None:
 _WIDEN_TO_FLOAT32 = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
 
 
+# Packing many small tensors, scaling the packed buffer in one pass beats one scaled
+# copy per tensor: each call costs about 4 us, and a pass over a buffer still in cache
+# costs about that per 64 KiB (a 256 x 16 KiB burst's pack: 1.1 ms in 256 calls).
+SCALE_ONCE_MEAN_BYTES = 64 << 10
+
+
+def scale_once(nbytes: int, tensors: int) -> bool:
+    """Whether to pack tensors totalling nbytes unscaled and then scale them in one pass
+    (elementwise, so the same values either way)."""
+    return tensors > 1 and nbytes <= tensors * SCALE_ONCE_MEAN_BYTES
+
+
 def scale_into(out: np.ndarray, source: np.ndarray, factor: float) -> None:
     """out = source * factor with Horovod's arithmetic per dtype (out may be source)."""
     if source.dtype in _WIDEN_TO_FLOAT32:

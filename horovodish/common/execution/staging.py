@@ -17,7 +17,7 @@ import numpy as np
 
 from ..messages import ReduceOp, Response
 from ..runtime.entry import Entry
-from .arithmetic import divide_toward_zero, scale_into
+from .arithmetic import divide_toward_zero, scale_into, scale_once
 from .datatype_copies import MIN_OUTPUTS, DatatypeCopier
 from .fusion import FusionBuffers, ResultBlocks
 
@@ -159,12 +159,15 @@ def _reduce(backend: FlatReducer, group: AllreduceGroup, buf: np.ndarray,
 
 def _pack(buf: np.ndarray, entries: list[Entry | None], counts: list[int],
           dtype: np.dtype, prescale: float) -> None:
-    """All inputs into the fusion buffer: one C call, or one scaled copy per tensor
-    (zeros for a joined rank)."""
-    if prescale == 1.0:
+    """All inputs into the fusion buffer: one C call (then one scaling pass, for many
+    small tensors), or one scaled copy per tensor (zeros for a joined rank)."""
+    scale_after = prescale != 1.0 and scale_once(buf.nbytes, len(entries))
+    if prescale == 1.0 or scale_after:
         parts = [entry.tensor if entry is not None else np.zeros(count, dtype)
                  for entry, count in zip(entries, counts)]
         np.concatenate(parts, axis=None, out=buf)  # flattens in C
+        if scale_after:
+            scale_into(buf, buf, prescale)
         return
     offset = 0
     for entry, count in zip(entries, counts):

@@ -105,6 +105,23 @@ def fused_group(rank: int, size: int) -> None:
                     f"group {tag} tensor {i}")
 
 
+def many_small_tensors(rank: int, size: int) -> None:
+    """A fused group of many small tensors (packed as they are, then scaled in one
+    pass: arithmetic.scale_once), large enough in all for the shared-memory path, with
+    every output given or every one owned by the runtime."""
+    counts = [1000 + 17 * i for i in range(24)]
+    for dtype, seed, pre, post, tag in cases():
+        for owned in (False, True):
+            values = [contribution(rank, c, dtype, seed + 11 + i) for i, c in enumerate(counts)]
+            outputs = [None if owned else np.empty_like(v) for v in values]
+            handles = collectives.grouped_allreduce_async(
+                values, outputs, [f"small.{tag}.{owned}.{i}" for i in range(len(counts))],
+                ReduceOp.SUM, pre, post)
+            for i, handle in enumerate(handles):
+                bitwise(handle.wait(), expected(size, counts[i], dtype, seed + 11 + i, pre,
+                                                post), f"small {tag} owned={owned} tensor {i}")
+
+
 def reducescatter(rank: int, size: int) -> None:
     """This rank's rows of the sum."""
     for dtype, seed, pre, post, tag in cases():
@@ -118,5 +135,6 @@ def reducescatter(rank: int, size: int) -> None:
 
 if __name__ == "__main__":
     api.init()
-    run_checks([single_tensor, fused_group, reducescatter], api.rank(), api.size())
+    run_checks([single_tensor, fused_group, many_small_tensors, reducescatter], api.rank(),
+               api.size())
     api.shutdown()

@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...messages import ReduceOp, RequestType
-from ..arithmetic import divide_toward_zero, reduce_ufunc, scale_into
+from ..arithmetic import divide_toward_zero, reduce_ufunc, scale_into, scale_once
 from ..datatype_copies import MIN_OUTPUTS, DatatypeCopier
 from ..staging import AllreduceGroup, hand_out
 from .base import Backend
@@ -206,22 +206,28 @@ class SharedMemoryBackend(Backend):
                      for segment in self._segments]
             mine = views[self.rank]
             tensors = None  # an MPI datatype of this piece's tensors, freed at its end
+            # Many small tensors are packed as they are, then scaled in one pass.
+            scale_after = prescale != 1.0 and low < 0 and not joined and \
+                scale_once(count * itemsize, end - first)
+            pack_scale = 1.0 if scale_after else prescale
             try:
                 try:
                     # In place, a run of many whole tensors is described once for both
                     # copies: per tensor that saves as much Python as the copies cost.
                     if in_place and low < 0 and end - first >= MIN_OUTPUTS and \
-                            prescale == 1.0 and block is None and not joined:
+                            pack_scale == 1.0 and block is None and not joined:
                         tensors = copier.describe(inputs[first:end], counts[first:end],
                                                      dtype, sized=True)
                     if tensors is not None:
                         copier.pack(tensors, mine)
                     elif low >= 0:  # part of one large tensor
                         _pack_part(mine, inputs[first], low, high, prescale)
-                    elif prescale == 1.0 and not joined:
+                    elif pack_scale == 1.0 and not joined:
                         np.concatenate(inputs[first:end], axis=None, out=mine)  # flattens in C
                     else:
                         _pack_run(mine, inputs[first:end], counts[first:end], prescale)
+                    if scale_after:
+                        scale_into(mine, mine, prescale)
                     my_flag[0] = 0
                 except Exception as exc:
                     failure = failure or exc
