@@ -13,9 +13,9 @@ it loads is found out at the first CUDA tensor (``AUTO``), so a job that never h
 one never imports CuPy.
 
 A request's device string says which memory its views are in, because every rank must
-choose the same backend for it: ``cuda`` (CuPy views of device memory, the NCCL
-backend) or ``cuda/host`` (numpy copies in host memory, the MPI backends). The
-coordinator compares the class (``cuda``) and the path separately, so a CPU tensor
+choose the same backend for it: ``cuda`` (device memory, described by a ``DeviceArray``,
+for the NCCL backend) or ``cuda/host`` (numpy copies in host memory, the MPI backends).
+The coordinator compares the class (``cuda``) and the path separately, so a CPU tensor
 against a CUDA one, and NCCL on one rank against staging on another, each fail every
 rank with an error naming the tensor.
 """
@@ -140,7 +140,7 @@ class GpuOperations:
     @property
     def uses_nccl(self) -> bool:
         """Whether CUDA tensors may take NCCL (AUTO: if it loads, found out later)."""
-        return NCCL in (self.allreduce, self.others) or AUTO in (self.allreduce, self.others)
+        return not {NCCL, AUTO}.isdisjoint((self.allreduce, self.others))
 
 
 _nccl_loads: bool | None = None
