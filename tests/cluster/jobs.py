@@ -46,8 +46,28 @@ def assert_nothing_left(cluster: Cluster, within: float = 10.0) -> None:
             break
         time.sleep(0.2)
     if left:
-        listing = subprocess.run(["ps", "-o", "pid,ppid,etime,args", "-p",
-                                  ",".join(str(p) for pids in left.values() for p in pids)],
+        pids = [p for host_pids in left.values() for p in host_pids]
+        listing = subprocess.run(["ps", "-o", "pid,ppid,etime,wchan:24,args", "-p",
+                                  ",".join(map(str, pids))],
                                  capture_output=True, text=True).stdout
+        where = "\n".join(f"{pid}: {_rank_and_threads(pid)}" for pid in pids)
         cluster.kill_all()
-        raise AssertionError(f"processes left behind after the job: {left}\n{listing}")
+        raise AssertionError(f"processes left behind after the job: {left}\n{listing}"
+                             f"\n{where}")
+
+
+def _rank_and_threads(pid: int) -> str:
+    """For a process left behind: its MPI rank and what each of its threads waits in
+    (the kernel's wait channel), to tell a rank stuck writing to a full pipe from one
+    polling a dead link."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = next((e.split(b"=", 1)[1].decode() for e in environ
+                     if e.startswith(b"PMI_RANK=")), "?")
+        threads = []
+        for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+            name = (task / "comm").read_text().strip()
+            threads.append(f"{name}:{(task / 'wchan').read_text().strip() or '-'}")
+        return f"rank {rank}; threads " + ", ".join(threads)
+    except OSError as exc:  # gone meanwhile
+        return f"({exc.strerror})"
