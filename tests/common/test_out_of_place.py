@@ -8,7 +8,8 @@ import pytest
 from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "out_of_place_worker.py"
-CHECKS = ["into_given_output", "into_runtime_blocks", "with_scale_factors_and_average"]
+CHECKS = ["into_given_output", "into_runtime_blocks", "a_result_reduced_again",
+          "with_scale_factors_and_average"]
 
 
 @pytest.mark.parametrize("np, env", [

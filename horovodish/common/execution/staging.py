@@ -117,8 +117,10 @@ def _single(backend: FlatReducer, group: AllreduceGroup, entry: Entry, owned: bo
         buf = entry.output.reshape(-1)
     source = entry.tensor.reshape(-1)
     group.workspace.phase("MEMCPY_IN_FUSION_BUFFER")
+    # MPI refuses aliased buffers. A block just taken cannot overlap the input (a view
+    # of it would have kept it taken); a caller's output can.
     if entry.tensor is entry.output or group.prescale != 1.0 or \
-            np.may_share_memory(buf, source):  # (MPI refuses aliased buffers)
+            (not owned and np.may_share_memory(buf, source)):
         scaled_copy(buf, source, group.prescale)
         _reduce(backend, group, buf, group.counts)
     else:

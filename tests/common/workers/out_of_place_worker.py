@@ -53,6 +53,25 @@ def into_runtime_blocks(rank: int, size: int) -> None:
         close(got, want, f"held result {index} after every later call")
 
 
+def a_result_reduced_again(rank: int, size: int) -> None:
+    """A result (a view of a runtime block) as the next call's input: the new result
+    gets another block, and the input is left as it was."""
+    for seed, count in enumerate(COUNTS):
+        result = collectives.allreduce_async(values(rank, count, seed), None,
+                                             f"chain.{count}", ReduceOp.SUM).wait()
+        want = total(size, count, seed)
+        for link in range(3):
+            before = result.copy()
+            again = collectives.allreduce_async(result, None, f"chain.{count}",
+                                                ReduceOp.SUM).wait()
+            check(not np.may_share_memory(again, result),
+                  f"{count} values, link {link}: the result shares the input's memory")
+            close(result, before, f"{count} values, link {link}: the input is untouched")
+            want = want * size
+            close(again, want, f"{count} values, link {link}")
+            result = again
+
+
 def with_scale_factors_and_average(rank: int, size: int) -> None:
     for seed, count in enumerate(COUNTS):
         mine = values(rank, count, seed)
@@ -64,6 +83,7 @@ def with_scale_factors_and_average(rank: int, size: int) -> None:
 
 if __name__ == "__main__":
     api.init()
-    run_checks([into_given_output, into_runtime_blocks, with_scale_factors_and_average],
+    run_checks([into_given_output, into_runtime_blocks, a_result_reduced_again,
+                with_scale_factors_and_average],
                api.rank(), api.size())
     api.shutdown()
