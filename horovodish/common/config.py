@@ -76,6 +76,9 @@ class Config:
     gpu_operations: str | None = None
     gpu_allreduce: str | None = None
     ring_threshold: int = DEFAULT_RING_THRESHOLD
+    # Bytes a rank may receive when small steady allreduces ride on the negotiation
+    # (execution/eager.py); 0: never.
+    eager_limit: int = 128 << 10
     timeline: str | None = None
     timeline_mark_cycles: bool = False
     stall_check_disable: bool = False
@@ -114,6 +117,7 @@ class Config:
             # Horovod's older knob, for allreduce alone (GPU_OPERATIONS covers every op).
             gpu_allreduce=_read(env, "GPU_ALLREDUCE", _choice(GPU_OPERATIONS), None),
             ring_threshold=_read(env, "RING_THRESHOLD", non_negative_int, DEFAULT_RING_THRESHOLD),
+            eager_limit=_read(env, "EAGER_LIMIT", non_negative_int, cls.eager_limit),
             timeline=timeline,
             timeline_mark_cycles=_read(env, "TIMELINE_MARK_CYCLES", _parse_bool, False),
             stall_check_disable=_read(env, "STALL_CHECK_DISABLE", _parse_bool, False),

@@ -11,6 +11,8 @@ contributes zeros.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..errors import HorovodInternalError, RankMismatchError
@@ -18,8 +20,10 @@ from ..dtypes import FLOATING, numpy_dtype
 from ..messages import ReduceOp, RequestType, Response
 from ..runtime.entry import Entry, finish_all
 from ..timeline import Timeline, now_us
-from .arithmetic import divide_toward_zero
+from .arithmetic import divide_toward_zero, reduce_ufunc
 from .cuda import DEVICE_CUDA
+from .eager import EagerGroup, EagerPlan, EagerViews, reduce_gathered
+from .eager import pack as eager_pack
 from .operations import OperationManager
 from .staging import AllreduceGroup, Workspace, scaled_copy
 
@@ -42,6 +46,7 @@ class Executor:
         self.workspace = Workspace()
         self.timeline: Timeline | None = None  # set by the runtime while recording
         self._marks: list[tuple[str, float]] = []
+        self._eager: EagerViews | None = None  # the current eager plan's groups
 
     def execute(self, group: list[Response], mine: list[Entry | None],
                 ready_at_us: float = 0.0) -> None:
@@ -107,13 +112,65 @@ class Executor:
         backend = self.operations.choose(RequestType.ALLREDUCE, first.dtype,
                                          sum(counts) * dtype.itemsize, len(group), op,
                                          first.device)
-        pre, post = self._scales(first)
         # The collectives must be the same on every rank, so pieces follow from the group
         # alone, never from rank-local facts (whether this rank owns results, has joined).
         pieces = self._pieces(counts, dtype.itemsize, backend, first, op)
-        return backend.allreduce_group(AllreduceGroup(
-            group, mine, counts, dtype, op, pre, post,
-            self.size if self._divides(first) else 0, pieces, self.workspace))
+        return backend.allreduce_group(self._allreduce_group(group, mine, pieces))
+
+    def _allreduce_group(self, group: list[Response], mine: list[Entry | None],
+                         pieces: list[tuple[int, int]] | None = None) -> AllreduceGroup:
+        """What the backends get for a group: the reduction and scaling it means."""
+        first = group[0]
+        counts = [r.count for r in group]
+        op = ReduceOp.SUM if first.reduce_op == ReduceOp.AVERAGE else first.reduce_op
+        pre, post = self._scales(first)
+        return AllreduceGroup(group, mine, counts, numpy_dtype(first.dtype), op, pre, post,
+                              self.size if self._divides(first) else 0,
+                              pieces or [(0, len(group))], self.workspace)
+
+    # -- allreduce riding on the negotiation (eager.py) -------------------------------
+    def _eager_views(self, plan: EagerPlan) -> EagerViews:
+        """The plan's groups as this rank reduces them, worked out once per plan."""
+        views = self._eager
+        if views is None or views.plan is not plan:
+            groups = []
+            for group, offset in zip(plan.groups, plan.offsets):
+                spec = self._allreduce_group(group, [])
+                groups.append(EagerGroup(group, spec.counts, spec.dtype,
+                                         reduce_ufunc(spec.dtype, spec.op), spec.prescale,
+                                         spec.postscale, spec.divide_by, offset,
+                                         sum(spec.counts) * spec.dtype.itemsize))
+            views = self._eager = EagerViews(plan, groups)
+        return views
+
+    def pack_eager(self, plan: EagerPlan, region: np.ndarray,
+                   entry_of: Callable[[str], Entry | None]) -> bool:
+        """This rank's tensors for the plan into its region; False if it has not got
+        them all (the cycle then runs as any other, so an error is raised there)."""
+        views = self._eager_views(plan)
+        entries = [[entry_of(response.name) for response in group] for group in plan.groups]
+        if any(entry is None for mine in entries for entry in mine):
+            return False
+        try:
+            eager_pack(views.of(region), views.groups, entries)
+        except Exception:  # the ordinary path reports it
+            return False
+        return True
+
+    def execute_gathered(self, plan: EagerPlan, index: int, mine: list[Entry | None],
+                         rows: list[np.ndarray]) -> None:
+        """execute() for the plan's group index, whose data every rank's region brought."""
+        views = self._eager_views(plan)
+        group = views.groups[index]
+        try:
+            results = reduce_gathered(group, [views.of(row)[index] for row in rows], mine,
+                                      self.workspace)
+        except Exception as exc:
+            _fail(mine, HorovodInternalError(
+                f"allreduce of {', '.join(repr(r.name) for r in group.responses)} "
+                f"failed: {exc}"))
+            return
+        finish_all(mine, results)
 
     def close(self) -> None:
         """Release what the backends hold (collective: every rank's runtime calls it

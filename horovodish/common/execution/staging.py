@@ -94,7 +94,7 @@ def through_fusion_buffer(backend: FlatReducer, group: AllreduceGroup) -> list:
         size = sum(counts[start:end])
         part = buf[offset:offset + size]
         try:
-            _pack(part, entries[start:end], counts[start:end], group.dtype, group.prescale)
+            pack_inputs(part, entries[start:end], counts[start:end], group.dtype, group.prescale)
         except Exception as exc:  # never skip a collective the others will run
             failure = failure or exc
             part.fill(0)
@@ -137,14 +137,14 @@ def _reduce_to_outputs(backend: FlatReducer, group: AllreduceGroup,
     buf = workspace.buffers.get(group.dtype, sum(counts))
     workspace.phase("MEMCPY_IN_FUSION_BUFFER")
     try:
-        _pack(buf, entries, counts, group.dtype, group.prescale)
+        pack_inputs(buf, entries, counts, group.dtype, group.prescale)
     except Exception as exc:
         buf.fill(0)  # still take part in the collective, contributing nothing
         _reduce(backend, group, buf, counts)
         raise _CopyFailed() from exc
     _reduce(backend, group, buf, counts)
     try:
-        _unpack(workspace.copier, buf, entries, counts, group.postscale)
+        unpack_outputs(workspace.copier, buf, entries, counts, group.postscale)
     except Exception as exc:
         raise _CopyFailed() from exc
 
@@ -159,7 +159,7 @@ def _reduce(backend: FlatReducer, group: AllreduceGroup, buf: np.ndarray,
         divide_toward_zero(buf, group.divide_by)
 
 
-def _pack(buf: np.ndarray, entries: list[Entry | None], counts: list[int],
+def pack_inputs(buf: np.ndarray, entries: list[Entry | None], counts: list[int],
           dtype: np.dtype, prescale: float) -> None:
     """All inputs into the fusion buffer: one C call (then one scaling pass, for many
     small tensors), or one scaled copy per tensor (zeros for a joined rank)."""
@@ -181,7 +181,7 @@ def _pack(buf: np.ndarray, entries: list[Entry | None], counts: list[int],
         offset += count
 
 
-def _unpack(copier: DatatypeCopier, buf: np.ndarray, entries: list[Entry | None],
+def unpack_outputs(copier: DatatypeCopier, buf: np.ndarray, entries: list[Entry | None],
             counts: list[int], post: float) -> None:
     """The fusion buffer out to the callers' outputs, scaled by post: a few tensors
     scale on the way out (one pass), many are copied out in one C call."""

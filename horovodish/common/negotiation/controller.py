@@ -11,6 +11,13 @@ One cycle:
 Cached responses run first, in bit order, then the coordinator's, in its order; so the
 order is the same on every rank whatever order the ranks submitted in.
 
+Small steady allreduces ride on step 2 (``eager``, set between cycles from what every
+rank agreed on, see execution/eager.py): the AND becomes an allgather of [vector |
+region], each rank packing into its region the tensors the plan expects. If every rank
+did, the cycle's responses are those tensors and their data is already here: no data
+collective follows. If any rank could not (FLAG_EAGER_MISS), the regions are ignored and
+the cycle goes on as any other.
+
 The transport is injected, so this runs in one process in the unit tests.
 """
 from __future__ import annotations
@@ -33,6 +40,7 @@ FLAG_UNCACHED = 1
 FLAG_SHUTDOWN = 2
 FLAG_JOINED = 4
 FLAG_STALLED = 8
+FLAG_EAGER_MISS = 16  # some rank did not fill its region with the plan's tensors
 _WORD_MASK = (1 << 64) - 1
 # Enum members read through the class cost ~75 ns each: hot loops use these.
 _JOIN = RequestType.JOIN
@@ -61,6 +69,13 @@ class CycleResult:
     negotiated_slow: bool = False
     shutdown_ranks: list[int] = field(default_factory=list)
     params: Any = None  # new tunables from rank 0's autotuner, applied after this cycle
+    # The responses' cache bits when every one came from the cache and nothing else
+    # happened in the cycle (what the eager plan predicts from); None otherwise.
+    cached_bits: int | None = None
+    # With an eager plan: whether some rank missed it, or else every rank's region
+    # (the plan's data, in rank order) when its responses ride on the negotiation.
+    eager_missed: bool = False
+    gathered: list[np.ndarray] | None = None
 
 
 class Controller:
@@ -76,6 +91,7 @@ class Controller:
         self.cache = ResponseCache(cache_capacity)
         self._words = (cache_capacity + 63) // 64
         self._rank_words = (self.size + 63) // 64
+        self._vector_words = 1 + 2 * self._words + self._rank_words  # see _encode
         self.clock = clock
         # A cached request that waited this long goes to the coordinator so that the
         # stall inspector (which only sees the coordinator's table) can name it.
@@ -95,6 +111,12 @@ class Controller:
         self.replay = True  # tests turn it off to compare against the general path
         self._encoded: tuple[tuple[int, int, int, int] | None, np.ndarray | None] = (None, None)
         self.replays = 0
+        # Set between cycles, the same on every rank (see the module docstring): the
+        # plan's .bits (cache bits it expects) and .nbytes (its region); and how this
+        # rank packs its tensors for it (False: it could not).
+        self.eager: Any = None
+        self.fill_eager: Callable[[Any, np.ndarray], bool] | None = None
+        self.eager_cycles = 0
 
     @property
     def has_pending(self) -> bool:
@@ -112,28 +134,50 @@ class Controller:
         resuming it (``finish_cycle``) returns the result. Whoever waits need not be the
         thread that started it: a caller that stops waiting hands the rest over."""
         now = self.clock()
-        timeline = self.timeline
         waiting = self._waiting
         fresh = not waiting  # every request of this cycle arrived in it
         replayed = self._replay(new_requests, shutdown) if fresh and self.replay else None
         if replayed is not None:
-            hits, hit_bits, vector = replayed
+            hits, hit_bits, key = replayed
             uncached: list[_Waiting] = []
         else:
             self._add(new_requests, now)
-            hits, hit_bits, uncached, vector = self._classify(now, shutdown)
-        pending = self.transport.start_allreduce_and(vector)
+            hits, hit_bits, uncached, key = self._classify(now, shutdown)
+        eager = self.eager
+        if eager is None:
+            vector = self._encode(*key)
+            pending = self.transport.start_allreduce_and(vector)
+        else:
+            region = self.transport.region(self._vector_words, eager.nbytes)
+            # Filled only if this rank brings exactly the plan's hits and nothing else.
+            if not (hit_bits == eager.bits and not uncached and not key[0] and
+                    not key[2] and self.fill_eager is not None and
+                    self.fill_eager(eager, region)):
+                key = (key[0] | FLAG_EAGER_MISS,) + key[1:]
+            vector = self._encode(*key)
+            pending = self.transport.start_gather_and(vector)
         yield pending
-        flags, ready, invalid, leaving = self._decode(pending.result())
+        outcome = pending.result()
+        # A replay without flags of its own succeeds exactly when the AND is its own
+        # vector (every rank has those hits ready, and nothing else): one comparison
+        # in C instead of decoding.
+        replayed_everywhere = replayed is not None and not key[0] and \
+            outcome.tobytes() == vector.tobytes()
+        flags, ready, invalid, leaving = (0, hit_bits, 0, 0) if replayed_everywhere \
+            else self._decode(outcome)
         ready &= ~invalid
         if replayed is not None:
-            if ready == hit_bits and not invalid and not flags:
+            if replayed_everywhere or (ready == hit_bits and not invalid and not flags):
                 # All ready everywhere, nothing else to do: the last cycle's responses.
                 self.fast_cycles += 1
                 self.replays += 1
                 self._others_joined = False
-                return CycleResult(responses=self.cache.take_entries(self._last.hits),
-                                   shutdown_ranks=_bits_of(leaving))
+                result = CycleResult(responses=self.cache.take_entries(self._last.hits),
+                                     shutdown_ranks=_bits_of(leaving), cached_bits=hit_bits)
+                if eager is not None:  # every rank filled its region: no rank flagged
+                    self.eager_cycles += 1
+                    result.gathered = pending.rows()
+                return result
             self._add(new_requests, now)  # the general path from here, as if classified
         record = fresh and not uncached and not invalid and ready == hit_bits and \
             not flags and not self._joined and self.replay
@@ -148,7 +192,8 @@ class Controller:
 
         result = CycleResult(shutdown=bool(flags & FLAG_SHUTDOWN),
                              stalled=bool(flags & FLAG_STALLED),
-                             shutdown_ranks=_bits_of(leaving))
+                             shutdown_ranks=_bits_of(leaving),
+                             eager_missed=bool(flags & FLAG_EAGER_MISS))
         self._others_joined = bool(flags & FLAG_JOINED)
         if ready:
             # Bit order (the same on every rank). Without a join, every ready bit is one
@@ -168,6 +213,11 @@ class Controller:
             self._last = SteadyCycle(order, hits, hit_bits,
                                      [cached.signature for cached in order], self.cache.version)
 
+        if ready and not invalid and not flags & ~FLAG_EAGER_MISS:
+            result.cached_bits = ready
+            if eager is not None and not flags and ready == eager.bits:
+                self.eager_cycles += 1  # every rank filled its region: no rank flagged
+                result.gathered = pending.rows()
         if flags & FLAG_UNCACHED:
             result.negotiated_slow = True
             responses, result.params = self._negotiate_slow(uncached)
@@ -188,7 +238,7 @@ class Controller:
                 timeline.rank_ready(request.name, self.rank)
 
     def _replay(self, new_requests: list[Request], shutdown: bool
-                ) -> tuple[list[CachedResponse], int, np.ndarray] | None:
+                ) -> tuple[list[CachedResponse], int, tuple[int, int, int, int]] | None:
         """In steady state a cycle brings the same requests as the last one that found
         every request a ready cache hit: then classifying them one by one (and sorting
         and bookkeeping them) gives the same hits, bits and vector again, so check that
@@ -209,10 +259,10 @@ class Controller:
         flags = 0
         if self.coordinator is not None and self.coordinator.check_stall():
             flags |= FLAG_SHUTDOWN | FLAG_STALLED
-        return list(last.order), last.hit_bits, self._encode(flags, last.hit_bits, 0, 0)
+        return list(last.order), last.hit_bits, (flags, last.hit_bits, 0, 0)
 
     def _classify(self, now: float, shutdown: bool
-                  ) -> tuple[list[CachedResponse], int, list[_Waiting], np.ndarray]:
+                  ) -> tuple[list[CachedResponse], int, list[_Waiting], tuple[int, int, int, int]]:
         ready = invalid = 0  # bit sets as Python ints: cheap to build and to test
         hits: list[CachedResponse] = []
         uncached: list[_Waiting] = []
@@ -252,7 +302,7 @@ class Controller:
         if self.coordinator is not None and self.coordinator.check_stall():
             flags |= FLAG_SHUTDOWN | FLAG_STALLED
         leaving = 1 << self.rank if shutdown else 0
-        return hits, hit_bits, uncached, self._encode(flags, ready, invalid, leaving)
+        return hits, hit_bits, uncached, (flags, ready, invalid, leaving)
 
     def _encode(self, flags: int, ready: int, invalid: int, leaving: int) -> np.ndarray:
         """[~flags | ready | ~invalid | ~leaving ranks] as uint64 words: one bitwise AND

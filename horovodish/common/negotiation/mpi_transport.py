@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
 
+from .shm_exchange import ShmExchange
 from .transport import Pending, Transport
 
 _SPIN_SECONDS = 50e-6
@@ -46,17 +47,18 @@ def wait_politely(request: MPI.Request, max_sleep: float = _MAX_SLEEP,
     return True
 
 
-class _RepostedAllreduce:
-    """A persistent allreduce's surface (Start, Test, Free) over Iallreduce, for MPIs
-    without MPI-4's persistent collectives: Open MPI 4.x raises NotImplementedError at
-    Allreduce_init. Posting costs a little more per cycle; nothing else changes."""
+class _Reposted:
+    """A persistent collective's surface (Start, Test, Free) over its non-blocking form,
+    for MPIs without MPI-4's persistent collectives: Open MPI 4.x raises
+    NotImplementedError at Allreduce_init. Posting costs a little more per cycle;
+    nothing else changes."""
 
-    def __init__(self, comm: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> None:
-        self._comm, self._send, self._recv = comm, send, recv
+    def __init__(self, post: Callable[[], MPI.Request]) -> None:
+        self._post = post
         self._request = MPI.REQUEST_NULL
 
     def Start(self) -> None:
-        self._request = self._comm.Iallreduce(self._send, self._recv, op=MPI.BAND)
+        self._request = self._post()
 
     def Test(self) -> bool:
         return self._request.Test()
@@ -66,13 +68,41 @@ class _RepostedAllreduce:
 
 
 class _MPIPending(Pending):
-    def __init__(self, request: MPI.Request, out: np.ndarray, transport: MPITransport) -> None:
-        super().__init__(out)
+    def __init__(self, request: MPI.Request, out: np.ndarray, transport: MPITransport,
+                 rows: list[np.ndarray] | None = None) -> None:
+        super().__init__(out, rows)
         self._request = request
         self._transport = transport
 
     def wait(self, deadline: float | None = None) -> bool:
         return wait_politely(self._request, self._transport.max_sleep, deadline)
+
+
+class _GatherPending(_MPIPending):
+    """Every rank's [vector | region] gathered: the result is the vectors' AND."""
+
+    def __init__(self, request: MPI.Request, received: np.ndarray, words: int,
+                 transport: MPITransport, rows: list[np.ndarray]) -> None:
+        super().__init__(request, received, transport, rows)
+        self._vectors = received[:, :words]
+
+    def result(self) -> np.ndarray:
+        return np.bitwise_and.reduce(self._vectors, axis=0)
+
+
+class _ShmPending(_MPIPending):
+    """An exchange through shared memory (shm_exchange.py): done when its barrier is."""
+
+    def __init__(self, request: MPI.Request, exchange: ShmExchange, half: int,
+                 transport: MPITransport) -> None:
+        super().__init__(request, None, transport)
+        self._exchange, self._half = exchange, half
+
+    def result(self) -> np.ndarray:
+        return self._exchange.result(self._half)
+
+    def rows(self) -> list[np.ndarray]:
+        return self._exchange.rows(self._half)
 
 
 class MPITransport(Transport):
@@ -90,8 +120,20 @@ class MPITransport(Transport):
         # negotiation is in flight at a time, so its buffers are reused.
         self._send: np.ndarray | None = None
         self._recv: np.ndarray | None = None
-        self._persistent: MPI.Prequest | _RepostedAllreduce | None = None
+        self._persistent: MPI.Prequest | _Reposted | None = None
         self._pending: _MPIPending | None = None
+        # The same for cycles whose small allreduces ride along (start_gather_and): a
+        # persistent allgather of [vector | region], reopened when either size changes.
+        self._gather_shape = (0, 0)
+        self._gather_send: np.ndarray | None = None
+        self._gather_region: np.ndarray | None = None
+        self._gather: MPI.Prequest | _Reposted | None = None
+        self._gather_pending: _GatherPending | None = None
+        # Within one host that exchange goes through shared memory instead (collective:
+        # every rank's transport is made at the same point of init).
+        self._shm: ShmExchange | None = ShmExchange.open(
+            comm, lambda request, exchange, half: _ShmPending(request, exchange, half, self)
+        ) if self.size > 1 else None
         # Without persistent collectives (MPI before 4.0: Open MPI 4.x) each cycle posts an
         # Iallreduce, which must then keep one order with the backends' collectives on
         # comm on every rank; it runs on a communicator of its own instead (measured on
@@ -126,13 +168,71 @@ class MPITransport(Transport):
             except NotImplementedError:  # MPI 4.0 in name, without the call
                 self._own_comm = self.comm.Dup()
         if self._own_comm is not None:
-            self._persistent = _RepostedAllreduce(self._own_comm, self._send, self._recv)
+            own, send, recv = self._own_comm, self._send, self._recv
+            self._persistent = _Reposted(lambda: own.Iallreduce(send, recv, op=MPI.BAND))
         self._pending = _MPIPending(self._persistent, self._recv, self)
+
+    @property
+    def one_host(self) -> bool:
+        """Whether eager exchanges go through shared memory (every rank on one host)."""
+        return self._shm is not None
+
+    def region(self, words: int, nbytes: int) -> np.ndarray:
+        """The region sits in the send buffer right after the vector: filled in place."""
+        if self._shm is not None:
+            return self._shm.region(words, nbytes)
+        if self._gather is None or self._gather_shape != (words, nbytes):
+            self._open_gather(words, nbytes)
+        return self._gather_region
+
+    def start_gather_and(self, words: np.ndarray) -> Pending:
+        if self._shm is not None:
+            return self._shm.start(words)
+        send = self._gather_send
+        send[:words.size] = words
+        if self.size == 1:
+            return Pending(words, [self._gather_region])
+        self._gather.Start()
+        return self._gather_pending
+
+    def _open_gather(self, words: int, nbytes: int) -> None:
+        self._release_gather()
+        width = words + (nbytes + 7) // 8  # region rounded up to whole words
+        send = self._gather_send = np.zeros(width, dtype=np.uint64)
+        received = np.zeros((self.size, width), dtype=np.uint64)
+        self._gather_region = send[words:].view(np.uint8)[:nbytes]
+        rows = [received[rank, words:].view(np.uint8)[:nbytes] for rank in range(self.size)]
+        self._gather_shape = (words, nbytes)
+        if self.size == 1:
+            self._gather = _Reposted(lambda: MPI.REQUEST_NULL)
+            return
+        if self._own_comm is None:
+            try:
+                self._gather = self.comm.Allgather_init(send, received)
+            except NotImplementedError:  # MPI 4.0 in name, without the call
+                self._own_comm = self.comm.Dup()
+        if self._own_comm is not None:
+            own = self._own_comm
+            self._gather = _Reposted(lambda: own.Iallgather(send, received))
+        self._gather_pending = _GatherPending(self._gather, received, words, self, rows)
 
     def _release(self) -> None:
         if self._persistent is not None:
             self._persistent.Free()
             self._persistent = self._pending = None
+        self._release_gather()
+
+    def _release_gather(self) -> None:
+        if self._gather is not None:
+            self._gather.Free()
+            self._gather = self._gather_pending = None
+
+    def release_shared(self) -> None:
+        """Free the shared-memory window (collective: at a negotiated shutdown only; a
+        runtime that failed leaves it to the process's end, as a peer may be gone)."""
+        if self._shm is not None:
+            shm, self._shm = self._shm, None
+            shm.close()
 
     def close(self) -> None:
         """Free the persistent request and the transport's own communicator, if any

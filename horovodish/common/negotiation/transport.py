@@ -1,6 +1,8 @@
 """What negotiation needs from the network: a bitwise-AND allreduce, a gather at the
-coordinator and a broadcast from it. MPI in production (mpi_transport.py), a fake
-world in the unit tests, so the controller runs in one process there.
+coordinator and a broadcast from it; and, for cycles that carry small allreduces with
+their negotiation (execution/eager.py), the same AND with every rank's bytes gathered
+alongside. MPI in production (mpi_transport.py), a fake world in the unit tests, so the
+controller runs in one process there.
 """
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ import numpy as np
 class Pending:
     """A bitwise-AND allreduce in flight (``Transport.start_allreduce_and``)."""
 
-    def __init__(self, result: np.ndarray) -> None:
+    def __init__(self, result: np.ndarray, rows: list[np.ndarray] | None = None) -> None:
         self._result = result
+        self._rows = rows
 
     def wait(self, deadline: float | None = None) -> bool:
         """Block until it is done (True), or until time.monotonic() passes deadline (False)."""
@@ -22,6 +25,11 @@ class Pending:
 
     def result(self) -> np.ndarray:
         return self._result
+
+    def rows(self) -> list[np.ndarray]:
+        """Every rank's region, in rank order (``Transport.start_gather_and`` only)."""
+        assert self._rows is not None
+        return self._rows
 
 
 class Transport(ABC):
@@ -45,6 +53,23 @@ class Transport(ABC):
     @abstractmethod
     def bcast(self, obj: Any) -> Any:
         """The coordinator's obj on every rank."""
+
+    def region(self, words: int, nbytes: int) -> np.ndarray:
+        """This rank's region (uint8) for the next ``start_gather_and`` of a vector of
+        that many words: fill it, then start. Valid until the next call."""
+        region = getattr(self, "_region", None)
+        if region is None or region.size != nbytes:
+            region = self._region = np.zeros(nbytes, dtype=np.uint8)
+        return region
+
+    def start_gather_and(self, words: np.ndarray) -> Pending:
+        """start_allreduce_and(words), with every rank's region (``region``) gathered to
+        every rank on the way. This default rides on gather and bcast (fakes)."""
+        gathered = self.bcast(self.gather((words.copy(), self._region.copy())))
+        anded = gathered[0][0].copy()
+        for vector, _ in gathered[1:]:
+            anded &= vector
+        return Pending(anded, [row for _, row in gathered])
 
     def close(self) -> None:
         """Release what the transport holds (the runtime thread calls it as it exits)."""

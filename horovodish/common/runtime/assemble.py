@@ -18,6 +18,7 @@ from ..execution.backends.nccl import NcclBackend
 from ..execution.backends.ring import RingBackend
 from ..execution.backends.shm import SharedMemoryBackend
 from ..execution.cuda import GpuOperations
+from ..execution.eager import CROSS_HOST_EAGER_LIMIT, EagerPredictor
 from ..execution.executor import Executor
 from ..execution.operations import OperationManager
 from ..negotiation.controller import Controller
@@ -54,14 +55,29 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
                 MPIBackend(comm)]
     if gpu.uses_nccl:
         backends.insert(0, NcclBackend(comm))
-    controller = Controller(MPITransport(comm), config.cache_capacity, stall,
+    transport = MPITransport(comm)
+    controller = Controller(transport, config.cache_capacity, stall,
                             world_ranks=world_ranks)
     executor = Executor(OperationManager(backends), rank, size)
     # A blocked caller runs cycles itself, so MPI is called from its thread too.
     caller_runs = config.caller_runs and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    # Small steady allreduces ride on the negotiation, unless a backend or algorithm
+    # was asked for by name: then that is what runs them.
+    eager = None
+    if size > 1:
+        limit = config.eager_limit
+        if config.cpu_operations is not None or config.hierarchical_allreduce:
+            limit = 0
+        elif not transport.one_host and "EAGER_LIMIT" not in config.explicit:
+            limit = min(limit, CROSS_HOST_EAGER_LIMIT)
+        # Ranks that planned with different limits would run different collectives in
+        # the same cycle and hang: the smallest applies everywhere.
+        limit = comm.allreduce(limit, op=MPI.MIN)
+        if limit:
+            eager = EagerPredictor(size, limit)
     runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,
                       stall_message=(lambda: stall.last_report) if stall else None,
-                      caller_runs=caller_runs)
+                      caller_runs=caller_runs, eager=eager)
     if config.autotune and rank == 0:
         runtime.autotuner = Autotuner(
             Params(config.fusion_threshold, config.cycle_time_ms),

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Generator
+from typing import Any, Callable, Generator
 
 from . import interrupts
 from .alarm import make_alarm
@@ -34,6 +34,7 @@ from ..negotiation.controller import Controller, CycleResult, finish_cycle
 from ..negotiation.transport import Pending
 from .entry import Entry
 from ..errors import HorovodInternalError
+from ..execution.eager import EagerPlan, EagerPredictor
 from ..execution.executor import Executor
 from ..execution.fusion import FusionPlanner
 from .handles import Completions, Handle
@@ -56,7 +57,7 @@ CycleSteps = Generator[Pending, None, CycleResult]
 class Runtime:
     def __init__(self, controller: Controller, executor: Executor, fusion_threshold: int,
                  cycle_time_ms: float, stall_message: Callable[[], str] | None = None,
-                 caller_runs: bool = True) -> None:
+                 caller_runs: bool = True, eager: EagerPredictor | None = None) -> None:
         self.controller = controller
         self.executor = executor
         self.fusion_threshold = fusion_threshold
@@ -90,6 +91,11 @@ class Runtime:
         self._stop_reason = ""
         self._in_flight: dict[str, Entry] = {}
         self._planner = FusionPlanner()
+        # Small steady allreduces riding on the negotiation (execution/eager.py): the
+        # plan for each next cycle, from what every rank agreed on.
+        self.eager = eager
+        if eager is not None:
+            controller.fill_eager = self._fill_eager
         self.cycles = 0
         self.timeline: Timeline | None = None
         self.autotuner: Autotuner | None = None  # rank 0 only
@@ -234,19 +240,27 @@ class Runtime:
         result = finish_cycle(steps)
         self.cycles += 1
         timeline = self.timeline
+        groups: list = []
         if result.responses:
             ready_at = time.perf_counter() * 1e6
             if timeline is not None:
                 for response in result.responses:
                     timeline.negotiate_end(response.name)
-            groups = self._planner.plan(result.responses, self.fusion_threshold)
+            rows, plan = result.gathered, self.controller.eager
+            groups = plan.groups if rows is not None else \
+                self._planner.plan(result.responses, self.fusion_threshold)
             with self._lock:  # this rank's entry per response (None: a joined rank's)
                 pop = self._in_flight.pop
                 entries = [[pop(r.name, None) for r in group] for group in groups]
-            notify = self.completions.notify
-            for group, mine in zip(groups, entries):
-                self.executor.execute(group, mine, ready_at)
-                notify()
+            notify, executor = self.completions.notify, self.executor
+            if rows is not None:  # the data came with the negotiation
+                for index, mine in enumerate(entries):
+                    executor.execute_gathered(plan, index, mine, rows)
+                    notify()
+            else:
+                for group, mine in zip(groups, entries):
+                    executor.execute(group, mine, ready_at)
+                    notify()
         if timeline is not None:
             timeline.flush()
         if result.params is not None:
@@ -258,6 +272,11 @@ class Runtime:
             choice = self.autotuner.record(reduced)
             if choice is not None:
                 self.controller.params_to_send = choice
+        if self.eager is not None:  # after the new parameters: the plan follows them
+            self.controller.eager = self.eager.after_cycle(
+                result.responses, result.cached_bits, result.eager_missed,
+                groups if result.gathered is not None or not result.responses
+                else self._planner.plan(result.responses, self.fusion_threshold))
         self._last_cycle = time.monotonic()
         if result.shutdown:
             if result.stalled:
@@ -273,8 +292,11 @@ class Runtime:
                     self._stop_reason = (f" because rank {ranks} shut down (its script "
                                          "ended, failed, or called shutdown())")
                 # Every rank's runtime ends in this same cycle: collective clean-up
-                # (the shared-memory window) is safe now.
+                # (the shared-memory windows) is safe now.
                 self.executor.close()
+                release = getattr(self.controller.transport, "release_shared", None)
+                if release is not None:
+                    release()
             self._end(self._stop_reason)
 
     def _end(self, reason: str) -> None:
@@ -385,6 +407,10 @@ class Runtime:
         self._finish_cycle(steps)
         self._caller_cycle_s = time.monotonic() - start
         return True
+
+    def _fill_eager(self, plan: EagerPlan, region: Any) -> bool:
+        """The controller's hook: this rank's tensors for an eager plan into its region."""
+        return self.executor.pack_eager(plan, region, self._in_flight.get)
 
     def _hand_over(self, steps: CycleSteps, pending: Pending) -> None:
         self.handovers += 1

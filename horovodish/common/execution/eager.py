@@ -1,0 +1,192 @@
+"""Small steady allreduces ride on the negotiation: one collective per cycle, not two.
+
+A synchronous small allreduce makes the ranks meet twice: for the negotiation (a bit
+vector), then for the data. Each meeting costs MPI's latency plus the ranks' skew, and
+below about 256 KiB the two together cost more than the data itself (docs/tuning.md).
+In steady state the next cycle is predictable: the same cache hits as the last two.
+Then every rank packs those tensors into a region that travels with its bit vector in
+one allgather, and reduces the gathered regions locally: on 2 ranks, an allgather of
+64 KiB plus a local sum took 20 us where MPI's own allreduce took 25 to 29.
+
+Every rank must run the same collective each cycle, so the plan is decided only from
+what every rank agreed on (``EagerPredictor``): a plan starts after two cycles with the
+same cache hits, and ends at a cycle with other responses or with a rank that could not
+fill its region (the controller's FLAG_EAGER_MISS; that cycle then runs as any other).
+Reductions go in rank order, as the shared-memory backend's do, with the same scaling
+(Average's 1/size, prescale, postscale) as the fusion-buffer path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..messages import ReduceOp, RequestType, Response
+from ..runtime.entry import Entry
+from .arithmetic import divide_toward_zero, scale_into
+from .staging import Workspace, hand_out, pack_inputs, unpack_outputs
+
+# Default bytes a rank receives in one eager cycle (the region times size - 1). Measured
+# on 2 ranks of one host (docs/tuning.md): through shared memory the eager cycle beat
+# the negotiate-then-reduce one from 16 to 128 KiB and lost at 256 KiB, where each rank
+# reduces the whole of every region instead of its slice. Through MPI's allgather
+# (ranks on several hosts) it lost from 64 KiB on under MPICH.
+DEFAULT_EAGER_LIMIT = 128 << 10
+CROSS_HOST_EAGER_LIMIT = 16 << 10
+
+_ALIGN = 8  # each group's place in the region starts on a word: any dtype views it
+_HOST = "cpu"
+
+
+@dataclass(frozen=True)
+class EagerPlan:
+    """The responses one eager cycle expects, and where each group sits in the region."""
+    bits: int  # their cache bits
+    groups: list[list[Response]]  # as the fusion planner groups them
+    offsets: list[int]  # each group's byte offset in the region
+    nbytes: int  # the region's size
+
+
+def plan_eager(groups: list[list[Response]], bits: int, size: int, limit: int
+               ) -> EagerPlan | None:
+    """The plan for these planned responses, or None where they cannot ride along:
+    anything but host allreduces of a reducible kind, or more than limit bytes for a
+    rank to receive."""
+    offsets, offset = [], 0
+    for group in groups:
+        for response in group:
+            if response.type != RequestType.ALLREDUCE or response.error is not None or \
+                    response.device != _HOST or response.reduce_op == ReduceOp.ADASUM or \
+                    (response.nbytes == 0 and response.count > 0):  # a dtype it cannot size
+                return None
+        offsets.append(offset)
+        offset += -(-sum(r.nbytes for r in group) // _ALIGN) * _ALIGN
+    if size < 2 or offset * (size - 1) > limit:
+        return None
+    return EagerPlan(bits, groups, offsets, offset)
+
+
+class EagerPredictor:
+    """The next cycle's plan, from agreed results only, so every rank has the same.
+
+    The cache hits of the last cycles that had responses are kept in order. If the last
+    2p of them repeat with a period p of at most MAX_PERIOD cycles (the same tensor
+    every call: p = 1; a loss and a metric in turn: p = 2), the next cycle is predicted
+    to bring the hits of p cycles ago. A cycle with uncached responses, or one some rank
+    missed, breaks every period, so a wrong guess costs one cycle."""
+
+    MAX_PERIOD = 4
+
+    def __init__(self, size: int, limit: int = DEFAULT_EAGER_LIMIT) -> None:
+        self.size = size
+        self.limit = limit
+        self._history: list[int | None] = []  # cache hits per cycle; None: other work
+        self._plans: dict[int, EagerPlan | None] = {}  # by cache hits, as last seen
+        self.plan: EagerPlan | None = None
+
+    def set_limit(self, limit: int) -> None:
+        """A new limit, with nothing learnt kept (the bench's A/B). Every rank must call
+        it at the same point, with no collective in flight on any rank: then no cycle
+        with responses runs meanwhile, and the plan in force (used by idle cycles
+        alike on every rank) ends at the next cycle with responses."""
+        self.limit = limit
+        self._plans.clear()
+        self._history.clear()
+
+    def after_cycle(self, responses: list[Response], cached_bits: int | None,
+                    missed: bool, groups: list[list[Response]]) -> EagerPlan | None:
+        """Update from one cycle's agreed outcome (groups: its responses as planned)."""
+        if not responses:
+            return self.plan  # an idle cycle, or all waiting on a peer: nothing learnt
+        history = self._history
+        bits = None if missed else cached_bits
+        if bits is None:
+            # The response cache changes only in such cycles (new entries, dropped
+            # ones), after which a bit may stand for another tensor: forget the plans.
+            self._plans.clear()
+        history.append(bits)
+        if len(history) > 2 * self.MAX_PERIOD:
+            del history[0]
+        if bits is not None and bits not in self._plans:
+            if len(self._plans) >= 4 * self.MAX_PERIOD:
+                self._plans.clear()
+            self._plans[bits] = plan_eager(groups, bits, self.size, self.limit)
+        self.plan = None
+        for period in range(1, self.MAX_PERIOD + 1):
+            recent = history[-2 * period:]
+            if len(recent) == 2 * period and None not in recent and \
+                    recent[:period] == recent[period:]:
+                self.plan = self._plans.get(recent[period])  # p cycles ago
+                break
+        return self.plan
+
+
+class EagerGroup(NamedTuple):
+    """What one planned group means for this rank, worked out once per plan: a steady
+    cycle then only packs and reduces."""
+    responses: list[Response]
+    counts: list[int]
+    dtype: np.dtype
+    ufunc: np.ufunc  # the reduction (Average as Sum)
+    prescale: float  # as applied, Average's 1/size folded in (Executor._scales)
+    postscale: float
+    divide_by: int  # an integer Average's exact division, or 0
+    offset: int  # its bytes in the region
+    nbytes: int
+
+
+class EagerViews:
+    """An eager plan's groups, with their views of each region it has met (the
+    transports hand out the same few region arrays again and again)."""
+
+    def __init__(self, plan: EagerPlan, groups: list[EagerGroup]) -> None:
+        self.plan = plan
+        self.groups = groups
+        self._views: dict[int, tuple[Any, list[np.ndarray]]] = {}
+
+    def of(self, region: np.ndarray) -> list[np.ndarray]:
+        """Each group's place in region, as its dtype."""
+        known = self._views.get(id(region))
+        if known is None or known[0] is not region:
+            known = (region, [region[g.offset:g.offset + g.nbytes].view(g.dtype)
+                              for g in self.groups])
+            self._views[id(region)] = known
+        return known[1]
+
+
+def pack(views: list[np.ndarray], groups: list[EagerGroup],
+         entries: list[list[Entry]]) -> None:
+    """This rank's contribution to each group, prescaled, into its place (views)."""
+    for view, group, mine in zip(views, groups, entries):
+        if len(mine) == 1 and group.prescale == 1.0:
+            np.copyto(view, mine[0].tensor.reshape(-1))
+        else:
+            pack_inputs(view, mine, group.counts, group.dtype, group.prescale)
+
+
+def reduce_gathered(group: EagerGroup, parts: list[np.ndarray], entries: list[Entry],
+                    workspace: Workspace) -> list:
+    """Reduce every rank's contribution to group (parts, in rank order) where the
+    callers read it; the result for each entry, as a backend returns them."""
+    owned = any(entry.output is None for entry in entries)
+    single = not owned and len(entries) == 1 and entries[0].output.flags.c_contiguous
+    if owned:
+        buf = workspace.result_blocks.take(group.dtype, parts[0].size)
+    elif single:
+        buf = entries[0].output.reshape(-1)
+    else:
+        buf = workspace.buffers.get(group.dtype, parts[0].size)
+    ufunc = group.ufunc
+    ufunc(parts[0], parts[1], out=buf)
+    for part in parts[2:]:
+        ufunc(buf, part, out=buf)
+    if group.divide_by:
+        divide_toward_zero(buf, group.divide_by)
+    if group.postscale != 1.0:
+        scale_into(buf, buf, group.postscale)
+    if owned:
+        return hand_out(buf, entries, group.responses)
+    if not single:
+        unpack_outputs(workspace.copier, buf, entries, group.counts, 1.0)
+    return [entry.output for entry in entries]
