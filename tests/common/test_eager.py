@@ -151,8 +151,21 @@ CHECKS = ["every_op_and_dtype_in_place", "into_outputs_and_runtime_blocks",
           "large_tensors_never_ride_along"]
 
 
-@pytest.mark.parametrize("ranks, limit", [(2, None), (3, None), (2, "0")])
-def test_eager_cycles_reduce_like_numpy_on_every_rank(ranks, limit):
+WRAPPERS = Path(__file__).parent / "workers"
+
+
+@pytest.mark.parametrize("ranks, limit, wrapper", [
+    (2, None, None), (3, None, None), (2, "0", None),
+    # the exchange as across hosts: MPI's persistent allgather
+    (2, "131072", "no_shm_exchange_wrapper.py"),
+    # an MPI without persistent collectives (Open MPI 4): Ibarrier, Iallgather per cycle
+    (2, None, "mpi3_wrapper.py"),
+    (3, "131072", ("mpi3_wrapper.py", "no_shm_exchange_wrapper.py")),
+])
+def test_eager_cycles_reduce_like_numpy_on_every_rank(ranks, limit, wrapper):
     """With the default limit the worker requires eager cycles to have run; with 0, none."""
     env = {"HOROVODISH_EAGER_LIMIT": limit} if limit is not None else {}
-    assert_ranks_ok(run_ranks(WORKER, ranks, env=env, timeout=180), ranks, CHECKS)
+    wrappers = (wrapper,) if isinstance(wrapper, str) else wrapper or ()
+    script, args = (WRAPPERS / wrappers[0], [*(WRAPPERS / w for w in wrappers[1:]), WORKER]) \
+        if wrappers else (WORKER, [])
+    assert_ranks_ok(run_ranks(script, ranks, args=args, env=env, timeout=180), ranks, CHECKS)

@@ -67,6 +67,17 @@ class _Reposted:
         """Nothing to free: each request ends with its Test (one in flight at a time)."""
 
 
+def _persistent_barrier(comm: MPI.Comm) -> MPI.Prequest | _Reposted:
+    """MPI-4's persistent barrier (cheaper to start than posting an Ibarrier), or an
+    Ibarrier per use where the MPI has none."""
+    if MPI.Get_version() >= (4, 0):
+        try:
+            return comm.Barrier_init()
+        except (NotImplementedError, AttributeError):  # MPI 4.0 in name, without the call
+            pass
+    return _Reposted(comm.Ibarrier)
+
+
 class _MPIPending(Pending):
     def __init__(self, request: MPI.Request, out: np.ndarray, transport: MPITransport,
                  rows: list[np.ndarray] | None = None) -> None:
@@ -132,7 +143,8 @@ class MPITransport(Transport):
         # Within one host that exchange goes through shared memory instead (collective:
         # every rank's transport is made at the same point of init).
         self._shm: ShmExchange | None = ShmExchange.open(
-            comm, lambda request, exchange, half: _ShmPending(request, exchange, half, self)
+            comm, _persistent_barrier,
+            lambda barrier, exchange, half: _ShmPending(barrier, exchange, half, self)
         ) if self.size > 1 else None
         # Without persistent collectives (MPI before 4.0: Open MPI 4.x) each cycle posts an
         # Iallreduce, which must then keep one order with the backends' collectives on

@@ -11,7 +11,7 @@ which no rank passes before it has finished reading half h.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -22,27 +22,32 @@ _CAPACITY_STEP = 64 << 10  # regions grow in these steps: a new window is collec
 
 
 class ShmExchange:
-    """Collective at construction (over comm): usable only if every rank shares a host;
-    ``None`` from ``open`` otherwise."""
+    """One runtime's eager exchange within a host (made by ``open``)."""
 
-    def __init__(self, node: MPI.Comm, make_pending: Callable[..., Pending]) -> None:
+    def __init__(self, node: MPI.Comm, barrier: Any,
+                 make_pending: Callable[[Any, ShmExchange, int], Pending]) -> None:
+        """barrier: a persistent barrier on node (Start, Test, Free); make_pending(barrier,
+        exchange, half): the transport's pending exchange for each half."""
         self._node = node
         self.rank, self.size = node.Get_rank(), node.Get_size()
-        self._make_pending = make_pending
+        self._barrier = barrier
+        self._pending = [make_pending(barrier, self, half) for half in (0, 1)]
         self._window: MPI.Win | None = None
         self._slots: np.ndarray | None = None  # (half, rank, words) uint64
         self._shape = (0, 0)  # (vector words, region bytes) of the slots' layout
         self._capacity = 0  # region bytes the window holds per slot
         self._half = 0
-        self._barrier: Callable[[], MPI.Request] = node.Ibarrier
 
     @classmethod
-    def open(cls, comm: MPI.Comm, make_pending: Callable[..., Pending]) -> ShmExchange | None:
+    def open(cls, comm: MPI.Comm, make_barrier: Callable[[MPI.Comm], Any],
+             make_pending: Callable[[Any, ShmExchange, int], Pending]
+             ) -> ShmExchange | None:
+        """Collective over comm: an exchange if every rank shares one host, else None."""
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         if not comm.allreduce(node.Get_size() == comm.Get_size(), op=MPI.LAND):
             node.Free()
             return None
-        return cls(node, make_pending)
+        return cls(node, make_barrier(node), make_pending)
 
     def region(self, words: int, nbytes: int) -> np.ndarray:
         """This rank's region in the next exchange's half (flips the half)."""
@@ -55,7 +60,8 @@ class ShmExchange:
         half = self._half
         self._mine[half][:vector.size] = vector
         self._window.Sync()  # this rank's writes before the barrier
-        return self._make_pending(self._barrier(), self, half)
+        self._barrier.Start()
+        return self._pending[half]
 
     def result(self, half: int) -> np.ndarray:
         """After the barrier: every rank's vector, ANDed."""
@@ -102,4 +108,5 @@ class ShmExchange:
 
     def close(self) -> None:
         self.close_window()
+        self._barrier.Free()
         self._node.Free()
