@@ -63,6 +63,18 @@ def test_a_plan_starts_after_two_like_cycles_and_ends_at_a_miss():
     assert predictor.after_cycle(other, 0b10, False, [other]) is None  # other hits
 
 
+def test_a_new_limit_forgets_what_was_learnt():
+    predictor = EagerPredictor(size=2, limit=1 << 10)
+    responses = [response("a")]
+    for _ in range(2):
+        plan = predictor.after_cycle(responses, 1, False, [responses])
+    assert plan is not None
+    predictor.set_limit(0)
+    assert predictor.after_cycle([], None, False, []) is plan  # idle: the plan in force
+    assert predictor.after_cycle(responses, 1, False, [responses]) is None  # relearning
+    assert predictor.after_cycle(responses, 1, False, [responses]) is None  # over 0 bytes
+
+
 def test_a_loss_and_a_metric_in_turn_ride_along_too():
     """Period 2: a plan for the hits of two cycles ago."""
     predictor = EagerPredictor(size=2, limit=1 << 10)
