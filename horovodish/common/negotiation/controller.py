@@ -149,9 +149,10 @@ class Controller:
             pending = self.transport.start_allreduce_and(vector)
         else:
             region = self.transport.region(self._vector_words, eager.nbytes)
-            # Filled only if this rank brings exactly the plan's hits and nothing else.
+            # Filled only if this rank brings exactly the plan's hits and nothing else,
+            # and records no timeline (whose op spans the ordinary path marks).
             if not (hit_bits == eager.bits and not uncached and not key[0] and
-                    not key[2] and self.fill_eager is not None and
+                    not key[2] and self.timeline is None and self.fill_eager is not None and
                     self.fill_eager(eager, region)):
                 key = (key[0] | FLAG_EAGER_MISS,) + key[1:]
             vector = self._encode(*key)

@@ -226,6 +226,26 @@ def a_shape_change_on_one_rank_is_an_error_everywhere(rank: int, size: int) -> N
             "the same name afterwards")
 
 
+def not_while_a_timeline_records(rank: int, size: int) -> None:
+    """Rank 0 records a timeline (its op spans come from the ordinary path): no cycle
+    rides along, on any rank, and every call still reduces right."""
+    runtime = process_state.state().runtime
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"eager_timeline_{os.getpid()}.json")
+    runtime.start_timeline(path)
+    try:
+        before = eager_cycles()
+        for round_ in range(ROUNDS):
+            mine = values(rank, 64, np.float32, round_)
+            collectives.allreduce_async(mine, mine, "recorded", ReduceOp.SUM).wait()
+            bitwise(mine, reference(size, 64, np.float32, round_, ReduceOp.SUM, 1.0, 1.0),
+                    f"recorded, round {round_}")
+        _expect_eager(before, "while a timeline records", rides=False)
+    finally:
+        runtime.stop_timeline()
+        if os.path.exists(path):
+            os.remove(path)
+
+
 def large_tensors_never_ride_along(rank: int, size: int) -> None:
     before = eager_cycles()
     for round_ in range(ROUNDS):
@@ -241,5 +261,5 @@ if __name__ == "__main__":
     run_checks([every_op_and_dtype_in_place, into_outputs_and_runtime_blocks,
                 fused_groups_of_several_dtypes, a_rank_with_more_work_falls_back,
                 a_shape_change_on_one_rank_is_an_error_everywhere,
-                large_tensors_never_ride_along], api.rank(), api.size())
+                not_while_a_timeline_records, large_tensors_never_ride_along], api.rank(), api.size())
     api.shutdown()
