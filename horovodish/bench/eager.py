@@ -39,16 +39,16 @@ def main(argv: list[str] | None = None) -> None:
     import horovodish.torch as hvd
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()
-    predictor = process_state.state().runtime.eager
-    if predictor is None:
+    runtime = process_state.state().runtime
+    if runtime.eager is None:
         raise SystemExit("eager cycles are off in this job (HOROVODISH_EAGER_LIMIT=0, "
                          "CPU_OPERATIONS or HIERARCHICAL_ALLREDUCE set, or one rank)")
-    limit = predictor.limit
+    limit = runtime.eager.limit
 
     @contextlib.contextmanager
     def eager(on: bool) -> Iterator[None]:
         comm.Barrier()  # nothing in flight on any rank: switching is safe now
-        predictor.set_limit(limit if on else 0)
+        runtime.set_eager_limit(limit if on else 0)
         yield
 
     rows = []

@@ -12,8 +12,11 @@ Every rank must run the same collective each cycle, so the plan is decided only 
 what every rank agreed on (``EagerPredictor``): a plan starts after two cycles with the
 same cache hits, and ends at a cycle with other responses or with a rank that could not
 fill its region (the controller's FLAG_EAGER_MISS; that cycle then runs as any other).
-Reductions go in rank order, as the shared-memory backend's do, with the same scaling
-(Average's 1/size, prescale, postscale) as the fusion-buffer path.
+Reductions go in rank order with numpy, as the shared-memory backend's do, with the
+same scaling (Average's 1/size, prescale, postscale) as the fusion-buffer path. So a
+small call that goes eager follows shared memory's rules where MPI's differ: NaN wins
+in Min and Max (np.minimum), and on 3 or more ranks floating sums may round
+differently in the last bit than MPI's order.
 """
 from __future__ import annotations
 
@@ -86,10 +89,9 @@ class EagerPredictor:
         self.plan: EagerPlan | None = None
 
     def set_limit(self, limit: int) -> None:
-        """A new limit, with nothing learnt kept (the bench's A/B). Every rank must call
-        it at the same point, with no collective in flight on any rank: then no cycle
-        with responses runs meanwhile, and the plan in force (used by idle cycles
-        alike on every rank) ends at the next cycle with responses."""
+        """A new limit, with nothing learnt kept (through Runtime.set_eager_limit, which
+        says when it is safe). The plan in force (used by idle cycles alike on every
+        rank) ends at the next cycle with responses."""
         self.limit = limit
         self._plans.clear()
         self._history.clear()

@@ -28,6 +28,9 @@ from .operations import OperationManager
 from .staging import AllreduceGroup, Workspace, scaled_copy
 
 
+# Eager plans whose groups and views stay worked out (the predictor's periods go to 4).
+_EAGER_PLANS_KEPT = 8
+
 # Pack / reduce / copy out a large group in pieces of about this size (see _pieces).
 PIPELINE_PIECE_BYTES = 1 << 20
 
@@ -46,7 +49,8 @@ class Executor:
         self.workspace = Workspace()
         self.timeline: Timeline | None = None  # set by the runtime while recording
         self._marks: list[tuple[str, float]] = []
-        self._eager: EagerViews | None = None  # the current eager plan's groups
+        # Recent eager plans' groups by plan (a loss and a metric in turn alternate two).
+        self._eager: dict[int, EagerViews] = {}
 
     def execute(self, group: list[Response], mine: list[Entry | None],
                 ready_at_us: float = 0.0) -> None:
@@ -131,7 +135,7 @@ class Executor:
     # -- allreduce riding on the negotiation (eager.py) -------------------------------
     def _eager_views(self, plan: EagerPlan) -> EagerViews:
         """The plan's groups as this rank reduces them, worked out once per plan."""
-        views = self._eager
+        views = self._eager.get(id(plan))
         if views is None or views.plan is not plan:
             groups = []
             for group, offset in zip(plan.groups, plan.offsets):
@@ -140,7 +144,9 @@ class Executor:
                                          reduce_ufunc(spec.dtype, spec.op), spec.prescale,
                                          spec.postscale, spec.divide_by, offset,
                                          sum(spec.counts) * spec.dtype.itemsize))
-            views = self._eager = EagerViews(plan, groups)
+            if len(self._eager) >= _EAGER_PLANS_KEPT:
+                self._eager.clear()
+            views = self._eager[id(plan)] = EagerViews(plan, groups)
         return views
 
     def pack_eager(self, plan: EagerPlan, region: np.ndarray,

@@ -36,6 +36,7 @@ class ShmExchange:
         self._slots: np.ndarray | None = None  # (half, rank, words) uint64
         self._shape = (0, 0)  # (vector words, region bytes) of the slots' layout
         self._capacity = 0  # region bytes the window holds per slot
+        self._layouts: dict[tuple[int, int], tuple] = {}  # views by (words, bytes)
         self._half = 0
 
     @classmethod
@@ -73,17 +74,23 @@ class ShmExchange:
 
     def _layout(self, words: int, nbytes: int) -> None:
         """Views for this layout, in a window large enough (a new one is collective:
-        every rank reaches here at the same cycle, the plan being agreed)."""
+        every rank reaches here at the same cycle, the plan being agreed). Layouts met
+        before are kept: plans that take turns have a region size each."""
         if nbytes > self._capacity or self._window is None:
             self._allocate(words, -(-max(nbytes, 1) // _CAPACITY_STEP) * _CAPACITY_STEP)
-        width = self._slots.shape[2]
-        self._mine = [self._slots[half, self.rank] for half in (0, 1)]
-        self._vectors = [self._slots[half, :, :words] for half in (0, 1)]
-        self._rows = [[self._slots[half, rank, words:].view(np.uint8)[:nbytes]
-                       for rank in range(self.size)] for half in (0, 1)]
-        self._regions = [rows[self.rank] for rows in self._rows]
+        layout = self._layouts.get((words, nbytes))
+        if layout is None:
+            if len(self._layouts) >= 16:
+                self._layouts.clear()
+            slots = self._slots
+            rows = [[slots[half, rank, words:].view(np.uint8)[:nbytes]
+                     for rank in range(self.size)] for half in (0, 1)]
+            layout = self._layouts[(words, nbytes)] = (
+                [slots[half, self.rank] for half in (0, 1)],
+                [slots[half, :, :words] for half in (0, 1)], rows,
+                [half_rows[self.rank] for half_rows in rows])
+        self._mine, self._vectors, self._rows, self._regions = layout
         self._shape = (words, nbytes)
-        assert words + (nbytes + 7) // 8 <= width
 
     def _allocate(self, words: int, capacity: int) -> None:
         self.close_window()
@@ -101,6 +108,7 @@ class ShmExchange:
         if self._window is not None:
             self._slots = None
             self._mine = self._vectors = self._rows = self._regions = []
+            self._layouts = {}
             self._window.Unlock_all()
             self._window.Free()
             self._window = None

@@ -408,6 +408,16 @@ class Runtime:
         self._caller_cycle_s = time.monotonic() - start
         return True
 
+    def set_eager_limit(self, limit: int) -> None:
+        """A new eager limit, forgetting what was learnt (the bench's A/B). Every rank
+        calls it at the same point with nothing in flight anywhere. Under the driver
+        lock: a cycle that a caller handed to the thread may still be finishing (its
+        handles done, its prediction not yet updated), and every rank's prediction
+        must see the same cycles before the change."""
+        if self.eager is not None:
+            with self._driver:
+                self.eager.set_limit(limit)
+
     def _fill_eager(self, plan: EagerPlan, region: Any) -> bool:
         """The controller's hook: this rank's tensors for an eager plan into its region."""
         return self.executor.pack_eager(plan, region, self._in_flight.get)
