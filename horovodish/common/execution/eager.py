@@ -152,7 +152,20 @@ class EagerViews:
     def __init__(self, plan: EagerPlan, groups: list[EagerGroup]) -> None:
         self.plan = plan
         self.groups = groups
+        self.names = [[response.name for response in group] for group in plan.groups]
         self._views: dict[int, tuple[Any, list[np.ndarray]]] = {}
+        self._parts: dict[int, tuple[Any, list[list[np.ndarray]]]] = {}
+
+    def parts(self, rows: list[np.ndarray]) -> list[list[np.ndarray]]:
+        """Per group, every rank's place in the gathered regions (rows, in rank order):
+        the transports hand out the same rows list for a layout each time."""
+        known = self._parts.get(id(rows))
+        if known is None or known[0] is not rows:
+            of = [self.of(row) for row in rows]
+            known = (rows, [[views[index] for views in of]
+                            for index in range(len(self.groups))])
+            self._parts[id(rows)] = known
+        return known[1]
 
     def of(self, region: np.ndarray) -> list[np.ndarray]:
         """Each group's place in region, as its dtype."""
@@ -178,8 +191,13 @@ def reduce_gathered(group: EagerGroup, parts: list[np.ndarray], entries: list[En
                     workspace: Workspace) -> list:
     """Reduce every rank's contribution to group (parts, in rank order) where the
     callers read it; the result for each entry, as a backend returns them."""
-    owned = any(entry.output is None for entry in entries)
-    single = not owned and len(entries) == 1 and entries[0].output.flags.c_contiguous
+    if len(entries) == 1:  # the common case, without a generator
+        output = entries[0].output
+        owned = output is None
+        single = not owned and output.flags.c_contiguous
+    else:
+        owned = any(entry.output is None for entry in entries)
+        single = False
     if owned:
         buf = workspace.result_blocks.take(group.dtype, parts[0].size)
     elif single:

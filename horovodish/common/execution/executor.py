@@ -154,9 +154,12 @@ class Executor:
         """This rank's tensors for the plan into its region; False if it has not got
         them all (the cycle then runs as any other, so an error is raised there)."""
         views = self._eager_views(plan)
-        entries = [[entry_of(response.name) for response in group] for group in plan.groups]
-        if any(entry is None for mine in entries for entry in mine):
-            return False
+        entries = []
+        for names in views.names:
+            mine = [entry_of(name) for name in names]
+            if None in mine:
+                return False
+            entries.append(mine)
         try:
             eager_pack(views.of(region), views.groups, entries)
         except Exception:  # the ordinary path reports it
@@ -169,8 +172,7 @@ class Executor:
         views = self._eager_views(plan)
         group = views.groups[index]
         try:
-            results = reduce_gathered(group, [views.of(row)[index] for row in rows], mine,
-                                      self.workspace)
+            results = reduce_gathered(group, views.parts(rows)[index], mine, self.workspace)
         except Exception as exc:
             _fail(mine, HorovodInternalError(
                 f"allreduce of {', '.join(repr(r.name) for r in group.responses)} "

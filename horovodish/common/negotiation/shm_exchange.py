@@ -67,7 +67,10 @@ class ShmExchange:
     def result(self, half: int) -> np.ndarray:
         """After the barrier: every rank's vector, ANDed."""
         self._window.Sync()  # every rank's writes, seen after the barrier
-        return np.bitwise_and.reduce(self._vectors[half], axis=0)
+        vectors = self._vectors[half]
+        if self.size == 2:  # a third of the reduce's cost, in the common case
+            return np.bitwise_and(vectors[0], vectors[1])
+        return np.bitwise_and.reduce(vectors, axis=0)
 
     def rows(self, half: int) -> list[np.ndarray]:
         return self._rows[half]
