@@ -41,6 +41,7 @@ FLAG_SHUTDOWN = 2
 FLAG_JOINED = 4
 FLAG_STALLED = 8
 FLAG_EAGER_MISS = 16  # some rank did not fill its region with the plan's tensors
+FLAG_NO_EAGER = 32  # rank 0 records a timeline: plan nothing (it would miss every plan)
 _WORD_MASK = (1 << 64) - 1
 # Enum members read through the class cost ~75 ns each: hot loops use these.
 _JOIN = RequestType.JOIN
@@ -143,16 +144,18 @@ class Controller:
         else:
             self._add(new_requests, now)
             hits, hit_bits, uncached, key = self._classify(now, shutdown)
+        if self.timeline is not None and self.fill_eager is not None:
+            key = (key[0] | FLAG_NO_EAGER,) + key[1:]
         eager = self.eager
         if eager is None:
             vector = self._encode(*key)
             pending = self.transport.start_allreduce_and(vector)
         else:
             region = self.transport.region(self._vector_words, eager.nbytes)
-            # Filled only if this rank brings exactly the plan's hits and nothing else,
-            # and records no timeline (whose op spans the ordinary path marks).
+            # Filled only if this rank brings exactly the plan's hits and nothing else
+            # (no flag: a timeline's op spans, say, come from the ordinary path).
             if not (hit_bits == eager.bits and not uncached and not key[0] and
-                    not key[2] and self.timeline is None and self.fill_eager is not None and
+                    not key[2] and self.fill_eager is not None and
                     self.fill_eager(eager, region)):
                 key = (key[0] | FLAG_EAGER_MISS,) + key[1:]
             vector = self._encode(*key)

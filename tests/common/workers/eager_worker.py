@@ -240,6 +240,9 @@ def not_while_a_timeline_records(rank: int, size: int) -> None:
             bitwise(mine, reference(size, 64, np.float32, round_, ReduceOp.SUM, 1.0, 1.0),
                     f"recorded, round {round_}")
         _expect_eager(before, "while a timeline records", rides=False)
+        plan = runtime.eager.plan if runtime.eager is not None else None
+        check(plan is None, f"while a timeline records, a plan for bits {plan and plan.bits}: "
+                            "each one would be missed")
     finally:
         runtime.stop_timeline()
         if os.path.exists(path):
