@@ -23,7 +23,7 @@ from mpi4py import MPI
 from ..common.api import process_state
 from .timing import alternating
 
-DEFAULT_SIZES = (4096, 16384, 65536, 131072, 262144)
+DEFAULT_SIZES = (4096, 16384, 65536, 131072, 262144, 1 << 20, 4 << 20)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,12 +43,12 @@ def main(argv: list[str] | None = None) -> None:
     if runtime.eager is None:
         raise SystemExit("eager cycles are off in this job (HOROVODISH_EAGER_LIMIT=0, "
                          "CPU_OPERATIONS or HIERARCHICAL_ALLREDUCE set, or one rank)")
-    limit = runtime.eager.limit
+    limit, split_limit = runtime.eager.limit, runtime.eager.split_limit
 
     @contextlib.contextmanager
     def eager(on: bool) -> Iterator[None]:
         comm.Barrier()  # nothing in flight on any rank: switching is safe now
-        runtime.set_eager_limit(limit if on else 0)
+        runtime.set_eager_limit(limit if on else 0, split_limit if on else 0)
         yield
 
     rows = []
@@ -65,12 +65,13 @@ def main(argv: list[str] | None = None) -> None:
             comm, rounds=args.rounds,
             around={"eager": lambda: eager(True), "plain": lambda: eager(False)})
         rows.append((size, {k: statistics.median(v) for k, v in times.items()},
-                     size * (comm.Get_size() - 1) <= limit))
+                     size * (comm.Get_size() - 1) <= limit or size <= split_limit))
     with eager(True):
         pass
     if comm.Get_rank() == 0:
         print(f"bench.eager: {comm.Get_size()} ranks, torch allreduce_ float32 Sum, us per "
-              f"call (median of {args.rounds} rounds); eager limit {limit} bytes")
+              f"call (median of {args.rounds} rounds); eager limit {limit} bytes, by "
+              f"slices up to {split_limit}")
         print(f"{'bytes':>9} {'MPI':>8} {'eager':>8} {'plain':>8} {'MPI/eager':>10} "
               f"{'MPI/plain':>10}")
         for size, median, rides in rows:

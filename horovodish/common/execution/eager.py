@@ -37,6 +37,10 @@ from .staging import Workspace, hand_out, pack_inputs, unpack_outputs
 # (ranks on several hosts) it lost from 64 KiB on under MPICH.
 DEFAULT_EAGER_LIMIT = 128 << 10
 CROSS_HOST_EAGER_LIMIT = 16 << 10
+# Regions up to this size (per rank) ride along reduced by slices, on one host. On 2
+# ranks (docs/tuning.md) that beat the negotiate-then-shared-memory cycle at 1 and 2 MiB
+# in every run and at 256 and 512 KiB in most; at 4 MiB it lost as often as it won.
+SPLIT_EAGER_LIMIT = 2 << 20
 
 _ALIGN = 8  # each group's place in the region starts on a word: any dtype views it
 _HOST = "cpu"
@@ -49,13 +53,19 @@ class EagerPlan:
     groups: list[list[Response]]  # as the fusion planner groups them
     offsets: list[int]  # each group's byte offset in the region
     nbytes: int  # the region's size
+    # Reduced by slices: each rank reduces its slice of every group into its own
+    # region, the ranks meet once more, and each copies every slice out (one host,
+    # regions above the limit: see plan_eager).
+    split: bool = False
 
 
-def plan_eager(groups: list[list[Response]], bits: int, size: int, limit: int
-               ) -> EagerPlan | None:
+def plan_eager(groups: list[list[Response]], bits: int, size: int, limit: int,
+               split_limit: int = 0) -> EagerPlan | None:
     """The plan for these planned responses, or None where they cannot ride along:
     anything but host allreduces of a reducible kind, or more than limit bytes for a
-    rank to receive."""
+    rank to receive. Up to split_limit bytes a rank (a region) they ride along reduced
+    by slices (EagerPlan.split): a second meeting, but each rank reduces 1/size of
+    the bytes, as the shared-memory backend does, and no negotiation before."""
     offsets, offset = [], 0
     for group in groups:
         for response in group:
@@ -65,9 +75,13 @@ def plan_eager(groups: list[list[Response]], bits: int, size: int, limit: int
                 return None
         offsets.append(offset)
         offset += -(-sum(r.nbytes for r in group) // _ALIGN) * _ALIGN
-    if size < 2 or offset * (size - 1) > limit:
+    if size < 2:
         return None
-    return EagerPlan(bits, groups, offsets, offset)
+    if offset * (size - 1) <= limit:
+        return EagerPlan(bits, groups, offsets, offset)
+    if offset <= split_limit:
+        return EagerPlan(bits, groups, offsets, offset, split=True)
+    return None
 
 
 class EagerPredictor:
@@ -81,18 +95,20 @@ class EagerPredictor:
 
     MAX_PERIOD = 4
 
-    def __init__(self, size: int, limit: int = DEFAULT_EAGER_LIMIT) -> None:
+    def __init__(self, size: int, limit: int = DEFAULT_EAGER_LIMIT,
+                 split_limit: int = 0) -> None:
         self.size = size
         self.limit = limit
+        self.split_limit = split_limit  # see plan_eager; 0: never by slices
         self._history: list[int | None] = []  # cache hits per cycle; None: other work
         self._plans: dict[int, EagerPlan | None] = {}  # by cache hits, as last seen
         self.plan: EagerPlan | None = None
 
-    def set_limit(self, limit: int) -> None:
-        """A new limit, with nothing learnt kept (through Runtime.set_eager_limit, which
+    def set_limit(self, limit: int, split_limit: int = 0) -> None:
+        """New limits, with nothing learnt kept (through Runtime.set_eager_limit, which
         says when it is safe). The plan in force (used by idle cycles alike on every
         rank) ends at the next cycle with responses."""
-        self.limit = limit
+        self.limit, self.split_limit = limit, split_limit
         self._plans.clear()
         self._history.clear()
 
@@ -120,7 +136,8 @@ class EagerPredictor:
         if bits is not None and bits not in self._plans:
             if len(self._plans) >= 4 * self.MAX_PERIOD:
                 self._plans.clear()
-            self._plans[bits] = plan_eager(groups, bits, self.size, self.limit)
+            self._plans[bits] = plan_eager(groups, bits, self.size, self.limit,
+                                           self.split_limit)
         self.plan = None
         for period in range(1, self.MAX_PERIOD + 1):
             recent = history[-2 * period:]
@@ -212,6 +229,58 @@ def reduce_gathered(group: EagerGroup, parts: list[np.ndarray], entries: list[En
         divide_toward_zero(buf, group.divide_by)
     if group.postscale != 1.0:
         scale_into(buf, buf, group.postscale)
+    if owned:
+        return hand_out(buf, entries, group.responses)
+    if not single:
+        unpack_outputs(workspace.copier, buf, entries, group.counts, 1.0)
+    return [entry.output for entry in entries]
+
+
+def reduce_my_slice(group: EagerGroup, parts: list[np.ndarray], rank: int,
+                    workspace: Workspace) -> None:
+    """Split plans, before the second meeting: this rank's slice of group, reduced over
+    every rank's part in rank order and scaled, into its own part (no other rank reads
+    that slice of this rank's region until the meeting)."""
+    size = len(parts)
+    count = parts[0].size
+    start, stop = count * rank // size, count * (rank + 1) // size
+    mine = parts[rank][start:stop]
+    # Ranks 0 and 1 may sum into their own part (an operand of the first step); a later
+    # rank's part is still to be added, so its sum goes through a fusion buffer.
+    total = mine if rank < 2 else workspace.buffers.get(group.dtype, stop - start)
+    ufunc = group.ufunc
+    ufunc(parts[0][start:stop], parts[1][start:stop], out=total)
+    for part in parts[2:]:
+        ufunc(total, part[start:stop], out=total)
+    if total is not mine:
+        np.copyto(mine, total)
+    if group.divide_by:
+        divide_toward_zero(mine, group.divide_by)
+    if group.postscale != 1.0:
+        scale_into(mine, mine, group.postscale)
+
+
+def gather_slices(group: EagerGroup, parts: list[np.ndarray], entries: list[Entry],
+                  workspace: Workspace) -> list:
+    """Split plans, after the second meeting: every rank's reduced slice where the
+    callers read it; the result for each entry, as a backend returns them."""
+    size, count = len(parts), parts[0].size
+    if len(entries) == 1:
+        output = entries[0].output
+        owned = output is None
+        single = not owned and output.flags.c_contiguous
+    else:
+        owned = any(entry.output is None for entry in entries)
+        single = False
+    if owned:
+        buf = workspace.result_blocks.take(group.dtype, count)
+    elif single:
+        buf = entries[0].output.reshape(-1)
+    else:
+        buf = workspace.buffers.get(group.dtype, count)
+    for rank, part in enumerate(parts):
+        start, stop = count * rank // size, count * (rank + 1) // size
+        np.copyto(buf[start:stop], part[start:stop])
     if owned:
         return hand_out(buf, entries, group.responses)
     if not single:

@@ -22,7 +22,8 @@ from ..runtime.entry import Entry, finish_all
 from ..timeline import Timeline, now_us
 from .arithmetic import divide_toward_zero, reduce_ufunc
 from .cuda import DEVICE_CUDA
-from .eager import EagerGroup, EagerPlan, EagerViews, reduce_gathered
+from .eager import (EagerGroup, EagerPlan, EagerViews, gather_slices, reduce_gathered,
+                    reduce_my_slice)
 from .eager import pack as eager_pack
 from .operations import OperationManager
 from .staging import AllreduceGroup, Workspace, scaled_copy
@@ -179,6 +180,27 @@ class Executor:
                 f"failed: {exc}"))
             return
         finish_all(mine, results)
+
+    def execute_split(self, plan: EagerPlan, entries: list[list[Entry | None]],
+                      rows: list[np.ndarray], meet: Callable[[], None]) -> None:
+        """execute_gathered for every group of a split plan: this rank reduces its slice
+        of each, the ranks meet, then each copies every slice out. A failed reduction
+        raises before the meeting: the others then wait there until the job is ended
+        (``Runtime._fail``), rather than read a slice that was never reduced."""
+        views = self._eager_views(plan)
+        all_parts = views.parts(rows)
+        for group, parts in zip(views.groups, all_parts):
+            reduce_my_slice(group, parts, self.rank, self.workspace)
+        meet()
+        for group, parts, mine in zip(views.groups, all_parts, entries):
+            try:
+                results = gather_slices(group, parts, mine, self.workspace)
+            except Exception as exc:  # a copy out: this rank's handles only
+                _fail(mine, HorovodInternalError(
+                    f"allreduce of {', '.join(repr(r.name) for r in group.responses)} "
+                    f"failed: {exc}"))
+                continue
+            finish_all(mine, results)
 
     def close(self) -> None:
         """Release what the backends hold (collective: every rank's runtime calls it

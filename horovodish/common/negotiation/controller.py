@@ -77,6 +77,7 @@ class CycleResult:
     # (the plan's data, in rank order) when its responses ride on the negotiation.
     eager_missed: bool = False
     gathered: list[np.ndarray] | None = None
+    meet: Callable[[], None] | None = None  # with gathered: a split plan's second barrier
 
 
 class Controller:
@@ -180,7 +181,7 @@ class Controller:
                                      shutdown_ranks=_bits_of(leaving), cached_bits=hit_bits)
                 if eager is not None:  # every rank filled its region: no rank flagged
                     self.eager_cycles += 1
-                    result.gathered = pending.rows()
+                    result.gathered, result.meet = pending.rows(), pending.meet
                 return result
             self._add(new_requests, now)  # the general path from here, as if classified
         record = fresh and not uncached and not invalid and ready == hit_bits and \
@@ -221,7 +222,7 @@ class Controller:
             result.cached_bits = ready
             if eager is not None and not flags and ready == eager.bits:
                 self.eager_cycles += 1  # every rank filled its region: no rank flagged
-                result.gathered = pending.rows()
+                result.gathered, result.meet = pending.rows(), pending.meet
         if flags & FLAG_UNCACHED:
             result.negotiated_slow = True
             responses, result.params = self._negotiate_slow(uncached)

@@ -115,6 +115,9 @@ class _ShmPending(_MPIPending):
     def rows(self) -> list[np.ndarray]:
         return self._exchange.rows(self._half)
 
+    def meet(self) -> None:
+        self._exchange.meet()
+
 
 class MPITransport(Transport):
     def __init__(self, comm: MPI.Comm) -> None:

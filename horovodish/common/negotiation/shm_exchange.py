@@ -75,6 +75,14 @@ class ShmExchange:
     def rows(self, half: int) -> list[np.ndarray]:
         return self._rows[half]
 
+    def meet(self) -> None:
+        """A blocking barrier, with this rank's writes visible before and everyone's
+        after (split plans: each rank's reduced slice, then the copies out)."""
+        window = self._window
+        window.Sync()
+        self._node.Barrier()
+        window.Sync()
+
     def _layout(self, words: int, nbytes: int) -> None:
         """Views for this layout, in a window large enough (a new one is collective:
         every rank reaches here at the same cycle, the plan being agreed). Layouts met

@@ -31,6 +31,12 @@ class Pending:
         assert self._rows is not None
         return self._rows
 
+    def meet(self) -> None:
+        """After a gather through shared memory: a barrier of its ranks, once each has
+        written into its own region what the others are to read (split eager plans,
+        planned only where the exchange is through shared memory)."""
+        raise NotImplementedError("only an exchange through shared memory meets again")
+
 
 class Transport(ABC):
     """The three collectives negotiation needs; MPI in production, a fake in tests."""

@@ -253,7 +253,10 @@ class Runtime:
                 pop = self._in_flight.pop
                 entries = [[pop(r.name, None) for r in group] for group in groups]
             notify, executor = self.completions.notify, self.executor
-            if rows is not None:  # the data came with the negotiation
+            if rows is not None and plan.split:  # the data came; reduced by slices
+                executor.execute_split(plan, entries, rows, result.meet)
+                notify()
+            elif rows is not None:  # the data came with the negotiation
                 for index, mine in enumerate(entries):
                     executor.execute_gathered(plan, index, mine, rows)
                     notify()
@@ -408,15 +411,15 @@ class Runtime:
         self._caller_cycle_s = time.monotonic() - start
         return True
 
-    def set_eager_limit(self, limit: int) -> None:
-        """A new eager limit, forgetting what was learnt (the bench's A/B). Every rank
-        calls it at the same point with nothing in flight anywhere. Under the driver
-        lock: a cycle that a caller handed to the thread may still be finishing (its
-        handles done, its prediction not yet updated), and every rank's prediction
-        must see the same cycles before the change."""
+    def set_eager_limit(self, limit: int, split_limit: int = 0) -> None:
+        """New eager limits (eager.plan_eager), forgetting what was learnt (the bench's
+        A/B). Every rank calls it at the same point with nothing in flight anywhere.
+        Under the driver lock: a cycle that a caller handed to the thread may still be
+        finishing (its handles done, its prediction not yet updated), and every rank's
+        prediction must see the same cycles before the change."""
         if self.eager is not None:
             with self._driver:
-                self.eager.set_limit(limit)
+                self.eager.set_limit(limit, split_limit)
 
     def _fill_eager(self, plan: EagerPlan, region: Any) -> bool:
         """The controller's hook: this rank's tensors for an eager plan into its region."""

@@ -249,14 +249,56 @@ def not_while_a_timeline_records(rank: int, size: int) -> None:
             os.remove(path)
 
 
+def split_limit() -> int:
+    """Bytes a rank up to which plans go by slices here (0: not at all): on one host."""
+    eager = process_state.state().runtime.eager
+    return eager.split_limit if eager is not None else 0
+
+
+def mid_sizes_reduced_by_slices(rank: int, size: int) -> None:
+    """Above the limit, on one host, up to the split limit: each rank reduces its slice
+    (counts that do not divide by the ranks), the ranks meet again, each copies every
+    slice out. In place, into a given output, into runtime blocks, and a fused group."""
+    cases = [  # (dtype, count, op, output: "in place", "given" or "owned")
+        (np.float32, 200_003, ReduceOp.SUM, "in place"),
+        (np.float16, 150_001, ReduceOp.AVERAGE, "owned"),
+        (np.int32, 100_003, ReduceOp.AVERAGE, "given"),
+        (np.float64, 70_001, ReduceOp.MAX, "in place"),
+    ]
+    for index, (dtype, count, op, where) in enumerate(cases):
+        what = f"{np.dtype(dtype).name} x {count} {op.name} {where}"
+        before = eager_cycles()
+        for round_ in range(ROUNDS):
+            seed = 500 + index * 10 + round_
+            mine = values(rank, count, dtype, seed)
+            output = {"in place": mine, "given": np.empty_like(mine), "owned": None}[where]
+            got = collectives.allreduce_async(mine, output, f"mid.{index}", op).wait()
+            bitwise(got, reference(size, count, dtype, seed, op, 1.0, 1.0),
+                    f"{what}, round {round_}")
+        _expect_eager(before, what, rides=split_limit() > 0)
+    specs = [(np.float32, 50_001), (np.int64, 30_001), (np.float32, 7)]
+    before = eager_cycles()
+    for round_ in range(ROUNDS):
+        tensors = [values(rank, count, dtype, 600 + round_ * 10 + i)
+                   for i, (dtype, count) in enumerate(specs)]
+        outputs = [t if i % 2 else None for i, t in enumerate(tensors)]
+        handles = collectives.grouped_allreduce_async(
+            tensors, outputs, [f"midgroup.{i}" for i in range(len(specs))], ReduceOp.SUM)
+        for i, ((dtype, count), handle) in enumerate(zip(specs, handles)):
+            bitwise(handle.wait(), reference(size, count, dtype, 600 + round_ * 10 + i,
+                                             ReduceOp.SUM, 1.0, 1.0),
+                    f"mid group tensor {i}, round {round_}")
+    _expect_eager(before, "a fused mid-size group", rides=split_limit() > 0)
+
+
 def large_tensors_never_ride_along(rank: int, size: int) -> None:
     before = eager_cycles()
     for round_ in range(ROUNDS):
-        mine = values(rank, 1 << 18, np.float32, round_)  # 1 MiB
+        mine = values(rank, 1 << 20, np.float32, round_)  # 4 MiB
         collectives.allreduce_async(mine, mine, "large", ReduceOp.SUM).wait()
-        bitwise(mine, reference(size, 1 << 18, np.float32, round_, ReduceOp.SUM, 1.0, 1.0),
-                f"1 MiB, round {round_}")
-    _expect_eager(before, "1 MiB", rides=False)
+        bitwise(mine, reference(size, 1 << 20, np.float32, round_, ReduceOp.SUM, 1.0, 1.0),
+                f"4 MiB, round {round_}")
+    _expect_eager(before, "4 MiB", rides=False)
 
 
 if __name__ == "__main__":
@@ -264,5 +306,6 @@ if __name__ == "__main__":
     run_checks([every_op_and_dtype_in_place, into_outputs_and_runtime_blocks,
                 fused_groups_of_several_dtypes, a_rank_with_more_work_falls_back,
                 a_shape_change_on_one_rank_is_an_error_everywhere,
-                not_while_a_timeline_records, large_tensors_never_ride_along], api.rank(), api.size())
+                not_while_a_timeline_records, mid_sizes_reduced_by_slices,
+                large_tensors_never_ride_along], api.rank(), api.size())
     api.shutdown()
