@@ -74,6 +74,9 @@ def main() -> None:
     if process_state.size() < 2 or not _one_host(comm):
         raise SystemExit("bench.backends compares host backends: run 2 or more ranks on "
                          "one host")
+    # Backends are what this compares: eager cycles would take sizes up to 2 MiB past
+    # them (every rank switches them off here, before any collective of its own).
+    process_state.state().runtime.set_eager_limit(0, 0)
     sizes = [int(s) for s in args.sizes.split(",")]
     if comm.Get_rank() == 0:
         print(f"bench.backends: {process_state.size()} ranks, float32 Sum, synchronous; median "

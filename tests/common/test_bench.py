@@ -100,3 +100,23 @@ def test_phases_bench_accounts_for_the_whole_call(tmp_path: Path):
 PHASE_NAMES = ("submit", "start cycle", "negotiation wait", "finish cycle", "execute",
                "backend data path", "the rest")
 TOP_LEVEL = ("submit", "start cycle", "negotiation wait", "finish cycle", "the rest")
+
+
+def test_eager_bench_times_each_size_both_ways(tmp_path: Path):
+    """python -m horovodish.bench.eager: a row per size with MPI's, the eager and the
+    ordinary time and both ratios; sizes beyond every limit are marked as the same path.
+    The switch between the two runs every rank's runtime at the same point: a job that
+    hung on it would time out here."""
+    script = tmp_path / "run_eager.py"
+    script.write_text("import sys\nfrom horovodish.bench import eager\n"
+                      "eager.main(['--sizes', '4096,262144,4194304', '--rounds', '2'])\n")
+    result = run_ranks(script, 2, timeout=300)
+    assert_ok(result)
+    rows = {int(line.split()[0]): line.split()[1:] for line in result.stdout.splitlines()
+            if line.strip() and line.split()[0].isdigit()}
+    assert set(rows) == {4096, 262144, 4194304}, result.stdout
+    for size, cells in rows.items():
+        times = [float(v) for v in cells[:3]]
+        assert all(t > 0 for t in times), cells
+        assert cells[3].endswith("x") and cells[4].endswith("x"), cells
+        assert ("the same path" in " ".join(cells)) == (size == 4194304), cells
