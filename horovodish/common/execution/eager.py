@@ -2,16 +2,17 @@
 
 A synchronous small allreduce makes the ranks meet twice: for the negotiation (a bit
 vector), then for the data. Each meeting costs MPI's latency plus the ranks' skew, and
-below about 256 KiB the two together cost more than the data itself (docs/tuning.md).
-In steady state the next cycle is predictable: the same cache hits as the last two.
-Then every rank packs those tensors into a region that travels with its bit vector in
-one allgather, and reduces the gathered regions locally: on 2 ranks, an allgather of
-64 KiB plus a local sum took 20 us where MPI's own allreduce took 25 to 29.
+below about 128 KiB the two together cost more than the data itself (docs/tuning.md).
+In steady state the next cycle is predictable: the same cache hits as one to four
+cycles ago. Then every rank packs those tensors into a region that travels with its bit
+vector in one exchange (shared memory on one host, an allgather across hosts), and
+reduces the gathered regions locally; larger regions, on one host, by slices.
 
 Every rank must run the same collective each cycle, so the plan is decided only from
-what every rank agreed on (``EagerPredictor``): a plan starts after two cycles with the
-same cache hits, and ends at a cycle with other responses or with a rank that could not
-fill its region (the controller's FLAG_EAGER_MISS; that cycle then runs as any other).
+what every rank agreed on (``EagerPredictor``): a plan starts once the cache hits of
+recent cycles repeat, and ends at a cycle with other responses or with a rank that
+could not fill its region (the controller's FLAG_EAGER_MISS; that cycle then runs as
+any other).
 Reductions go in rank order with numpy, as the shared-memory backend's do, with the
 same scaling (Average's 1/size, prescale, postscale) as the fusion-buffer path. So a
 small call that goes eager follows shared memory's rules where MPI's differ: NaN wins
@@ -39,7 +40,7 @@ DEFAULT_EAGER_LIMIT = 128 << 10
 CROSS_HOST_EAGER_LIMIT = 16 << 10
 # Regions up to this size (per rank) ride along reduced by slices, on one host. On 2
 # ranks (docs/tuning.md) that beat the negotiate-then-shared-memory cycle at 1 and 2 MiB
-# in every run and at 256 and 512 KiB in most; at 4 MiB it lost as often as it won.
+# in every run and at 256 and 512 KiB in four of seven; at 4 MiB as often lost as won.
 SPLIT_EAGER_LIMIT = 2 << 20
 
 _ALIGN = 8  # each group's place in the region starts on a word: any dtype views it
