@@ -209,32 +209,9 @@ def reduce_gathered(group: EagerGroup, parts: list[np.ndarray], entries: list[En
                     workspace: Workspace) -> list:
     """Reduce every rank's contribution to group (parts, in rank order) where the
     callers read it; the result for each entry, as a backend returns them."""
-    if len(entries) == 1:  # the common case, without a generator
-        output = entries[0].output
-        owned = output is None
-        single = not owned and output.flags.c_contiguous
-    else:
-        owned = any(entry.output is None for entry in entries)
-        single = False
-    if owned:
-        buf = workspace.result_blocks.take(group.dtype, parts[0].size)
-    elif single:
-        buf = entries[0].output.reshape(-1)
-    else:
-        buf = workspace.buffers.get(group.dtype, parts[0].size)
-    ufunc = group.ufunc
-    ufunc(parts[0], parts[1], out=buf)
-    for part in parts[2:]:
-        ufunc(buf, part, out=buf)
-    if group.divide_by:
-        divide_toward_zero(buf, group.divide_by)
-    if group.postscale != 1.0:
-        scale_into(buf, buf, group.postscale)
-    if owned:
-        return hand_out(buf, entries, group.responses)
-    if not single:
-        unpack_outputs(workspace.copier, buf, entries, group.counts, 1.0)
-    return [entry.output for entry in entries]
+    buf, owned, single = _destination(group, entries, parts[0].size, workspace)
+    _reduce_in_rank_order(group, parts, buf)
+    return _hand_back(group, entries, buf, owned, single, workspace)
 
 
 def reduce_my_slice(group: EagerGroup, parts: list[np.ndarray], rank: int,
@@ -249,16 +226,9 @@ def reduce_my_slice(group: EagerGroup, parts: list[np.ndarray], rank: int,
     # Ranks 0 and 1 may sum into their own part (an operand of the first step); a later
     # rank's part is still to be added, so its sum goes through a fusion buffer.
     total = mine if rank < 2 else workspace.buffers.get(group.dtype, stop - start)
-    ufunc = group.ufunc
-    ufunc(parts[0][start:stop], parts[1][start:stop], out=total)
-    for part in parts[2:]:
-        ufunc(total, part[start:stop], out=total)
+    _reduce_in_rank_order(group, [part[start:stop] for part in parts], total)
     if total is not mine:
         np.copyto(mine, total)
-    if group.divide_by:
-        divide_toward_zero(mine, group.divide_by)
-    if group.postscale != 1.0:
-        scale_into(mine, mine, group.postscale)
 
 
 def gather_slices(group: EagerGroup, parts: list[np.ndarray], entries: list[Entry],
@@ -266,7 +236,33 @@ def gather_slices(group: EagerGroup, parts: list[np.ndarray], entries: list[Entr
     """Split plans, after the second meeting: every rank's reduced slice where the
     callers read it; the result for each entry, as a backend returns them."""
     size, count = len(parts), parts[0].size
-    if len(entries) == 1:
+    buf, owned, single = _destination(group, entries, count, workspace)
+    for rank, part in enumerate(parts):
+        start, stop = count * rank // size, count * (rank + 1) // size
+        np.copyto(buf[start:stop], part[start:stop])
+    return _hand_back(group, entries, buf, owned, single, workspace)
+
+
+def _reduce_in_rank_order(group: EagerGroup, parts: list[np.ndarray], out: np.ndarray
+                          ) -> None:
+    """out = the parts reduced in rank order, then divided and postscaled (out may be
+    parts[0] or parts[1])."""
+    ufunc = group.ufunc
+    ufunc(parts[0], parts[1], out=out)
+    for part in parts[2:]:
+        ufunc(out, part, out=out)
+    if group.divide_by:
+        divide_toward_zero(out, group.divide_by)
+    if group.postscale != 1.0:
+        scale_into(out, out, group.postscale)
+
+
+def _destination(group: EagerGroup, entries: list[Entry], count: int,
+                 workspace: Workspace) -> tuple[np.ndarray, bool, bool]:
+    """Where a group's result goes, (buffer, owned, single): a result block if some
+    caller lets the runtime own its result, one caller's contiguous output, or the
+    fusion buffer to copy out from."""
+    if len(entries) == 1:  # the common case, without a generator
         output = entries[0].output
         owned = output is None
         single = not owned and output.flags.c_contiguous
@@ -274,14 +270,15 @@ def gather_slices(group: EagerGroup, parts: list[np.ndarray], entries: list[Entr
         owned = any(entry.output is None for entry in entries)
         single = False
     if owned:
-        buf = workspace.result_blocks.take(group.dtype, count)
-    elif single:
-        buf = entries[0].output.reshape(-1)
-    else:
-        buf = workspace.buffers.get(group.dtype, count)
-    for rank, part in enumerate(parts):
-        start, stop = count * rank // size, count * (rank + 1) // size
-        np.copyto(buf[start:stop], part[start:stop])
+        return workspace.result_blocks.take(group.dtype, count), True, False
+    if single:
+        return entries[0].output.reshape(-1), False, True
+    return workspace.buffers.get(group.dtype, count), False, False
+
+
+def _hand_back(group: EagerGroup, entries: list[Entry], buf: np.ndarray, owned: bool,
+               single: bool, workspace: Workspace) -> list:
+    """The result for each entry, from the buffer _destination chose."""
     if owned:
         return hand_out(buf, entries, group.responses)
     if not single:
