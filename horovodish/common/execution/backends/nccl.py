@@ -185,7 +185,7 @@ class NcclBackend(Backend):
 
     # -- allreduce -------------------------------------------------------------------
     def allreduce_group(self, group: AllreduceGroup) -> list:
-        entries, counts = group.entries, group.counts
+        entries = group.entries
         dtype = group.responses[0].dtype
         device, state = self._device([e.tensor if e is not None else None for e in entries])
         cupy = load_cupy()
