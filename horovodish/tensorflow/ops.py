@@ -187,7 +187,7 @@ def allreduce(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, presca
         outs = empty_many([a.shape for a in arrays], [a.dtype for a in arrays])
         if len(arrays) == 1:  # the core's single-tensor submit: no group bookkeeping
             wait_all([core.allreduce_async(arrays[0], outs[0], names[0], op, prescale,
-                                           postscale, "cpu", process_set)])
+                                           postscale, "cpu", process_set, waited=True)])
             return outs
         handles: list[Handle] = []
         for group in groups:

@@ -410,7 +410,7 @@ def _allreduce_now(array: np.ndarray, target: np.ndarray | None, name: str | Non
                    process_set: ProcessSet) -> np.ndarray:
     return core.allreduce_async(array, target, names_for(name, 1, "allreduce", process_set)[0],
                                 op, prescale_factor, postscale_factor, "cpu",
-                                process_set).wait()
+                                process_set, waited=True).wait()
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,

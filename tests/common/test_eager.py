@@ -161,7 +161,7 @@ CHECKS = ["every_op_and_dtype_in_place", "into_outputs_and_runtime_blocks",
           "fused_groups_of_several_dtypes", "a_rank_with_more_work_falls_back",
           "a_shape_change_on_one_rank_is_an_error_everywhere",
           "not_while_a_timeline_records", "mid_sizes_reduced_by_slices",
-          "large_tensors_never_ride_along"]
+          "large_tensors_never_ride_along", "negotiation_in_shared_memory_on_one_host"]
 
 
 WRAPPERS = Path(__file__).parent / "workers"
@@ -171,7 +171,8 @@ WRAPPERS = Path(__file__).parent / "workers"
     (2, None, None), (3, None, None), (2, "0", None),
     # the exchange as across hosts: MPI's persistent allgather
     (2, "131072", "no_shm_exchange_wrapper.py"),
-    # an MPI without persistent collectives (Open MPI 4): Ibarrier, Iallgather per cycle
+    # an MPI without persistent collectives (Open MPI 4): on one host nothing changes (the
+    # exchange is shared memory); as across hosts, an Iallgather per cycle
     (2, None, "mpi3_wrapper.py"),
     (3, "131072", ("mpi3_wrapper.py", "no_shm_exchange_wrapper.py")),
 ])

@@ -52,8 +52,12 @@ def test_an_mpi_without_persistent_collectives():
     on a communicator of its own, through every collective here. (On the shared
     communicator, at 2 ranks on Open MPI 4.1, its messages met the backends' collectives
     and were truncated; MPICH tolerates that, so only a GPU-machine run of tests/gpu,
-    under Open MPI, would catch it coming back.)"""
-    _run(2, wrapper=Path(__file__).parents[1] / "common" / "workers" / "mpi3_wrapper.py")
+    under Open MPI, would catch it coming back.) Negotiation uses MPI only between hosts
+    (within one it goes through shared memory), so the run is as across hosts."""
+    workers = Path(__file__).parents[1] / "common" / "workers"
+    result = run_ranks(workers / "mpi3_wrapper.py", 2, timeout=240,
+                       args=[workers / "no_shm_exchange_wrapper.py", WORKER])
+    assert_ranks_ok(result, 2, CHECKS)
 
 
 def test_host_staged_path_that_cuda_tensors_take():

@@ -146,7 +146,10 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray],
 
 def allreduce_async(tensor: np.ndarray, output: np.ndarray | None, name: str, op: ReduceOp,
                     prescale: float = 1.0, postscale: float = 1.0, device: str = "cpu",
-                    process_set: ProcessSet | None = None, event: Any = None) -> Handle:
+                    process_set: ProcessSet | None = None, event: Any = None,
+                    waited: bool = False) -> Handle:
+    """waited: the caller waits on the handle at once (a blocking call): the runtime
+    thread is not set to run it meanwhile (``Runtime.submit_one``)."""
     # The grouped call for one tensor, without its lists: bursts of single submits are
     # the pattern to be fast for (docs/tuning.md), so the common case skips calls.
     if (process_set is None or process_set is global_process_set) and \
@@ -163,7 +166,7 @@ def allreduce_async(tensor: np.ndarray, output: np.ndarray | None, name: str, op
     runtime = process_set.runtime
     entry = Entry(reduction_request(_ALLREDUCE, name, tensor, op, prescale, postscale, device),
                   tensor, runtime.completions, output, event=event)
-    runtime.submit_one(entry, name)
+    runtime.submit_one(entry, name, waited)
     return entry
 
 

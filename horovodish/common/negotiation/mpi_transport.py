@@ -6,6 +6,9 @@ each cycle and polled: on the runtime thread a short spin for latency, then slee
 grow with the wait; on a caller that drives the cycle (blocked anyway, for at most its
 2 ms hand-over limit), polls with sched_yield in between, since one sleep costs more
 than most such waits on a small VM.
+
+When every rank shares one host, both the bit vectors and eager regions go through shared
+memory instead (shm_exchange.py): polled the same way, with no MPI call per cycle.
 """
 from __future__ import annotations
 
@@ -67,17 +70,6 @@ class _Reposted:
         """Nothing to free: each request ends with its Test (one in flight at a time)."""
 
 
-def _persistent_barrier(comm: MPI.Comm) -> MPI.Prequest | _Reposted:
-    """MPI-4's persistent barrier (cheaper to start than posting an Ibarrier), or an
-    Ibarrier per use where the MPI has none."""
-    if MPI.Get_version() >= (4, 0):
-        try:
-            return comm.Barrier_init()
-        except (NotImplementedError, AttributeError):  # MPI 4.0 in name, without the call
-            pass
-    return _Reposted(comm.Ibarrier)
-
-
 class _MPIPending(Pending):
     def __init__(self, request: MPI.Request, out: np.ndarray, transport: MPITransport,
                  rows: list[np.ndarray] | None = None) -> None:
@@ -104,7 +96,7 @@ class _GatherPending(_MPIPending):
 class _ShmPending(_MPIPending):
     """An exchange through shared memory (shm_exchange.py): done when its barrier is."""
 
-    def __init__(self, request: MPI.Request, exchange: ShmExchange, half: int,
+    def __init__(self, request: Any, exchange: ShmExchange, half: int,
                  transport: MPITransport) -> None:
         super().__init__(request, None, transport)
         self._exchange, self._half = exchange, half
@@ -143,11 +135,10 @@ class MPITransport(Transport):
         self._gather_region: np.ndarray | None = None
         self._gather: MPI.Prequest | _Reposted | None = None
         self._gather_pending: _GatherPending | None = None
-        # Within one host that exchange goes through shared memory instead (collective:
+        # Within one host both exchanges go through shared memory instead (collective:
         # every rank's transport is made at the same point of init).
         self._shm: ShmExchange | None = ShmExchange.open(
-            comm, _persistent_barrier,
-            lambda barrier, exchange, half: _ShmPending(barrier, exchange, half, self)
+            comm, lambda barrier, exchange, half: _ShmPending(barrier, exchange, half, self)
         ) if self.size > 1 else None
         # Without persistent collectives (MPI before 4.0: Open MPI 4.x) each cycle posts an
         # Iallreduce, which must then keep one order with the backends' collectives on
@@ -166,6 +157,9 @@ class MPITransport(Transport):
         """The result is valid until the next call (the controller decodes it at once)."""
         if self.size == 1:
             return Pending(words)
+        if self._shm is not None:  # one host: a slot each and a meeting, no messages
+            self._shm.region(words.size, 0)
+            return self._shm.start(words)
         if self._persistent is None or self._send.shape != words.shape:
             self._open(words.shape)
         np.copyto(self._send, words)

@@ -75,6 +75,7 @@ class Runtime:
         # time.monotonic() (the alarm's clock) of: the last cycle's start and end, on
         # either thread, and the first submit since the queue was last taken
         self._last_start = self._last_cycle = self._batch_start = 0.0
+        self._batch_waited = False  # the batch's first submit will be waited on at once
         self._cycle_shutdown = False  # whether this rank asked to shut down in this cycle
         self._callers_driving = 0  # callers running cycles now (see _drive_while_waiting)
         self.caller_cycles = 0  # cycles run on callers' threads
@@ -132,8 +133,12 @@ class Runtime:
             if first:
                 self._batch_started()
 
-    def submit_one(self, entry: Entry, name: str) -> None:
-        """submit([entry]) for entry.request.name == name, minus the group bookkeeping."""
+    def submit_one(self, entry: Entry, name: str, waited: bool = False) -> None:
+        """submit([entry]) for entry.request.name == name, minus the group bookkeeping.
+
+        waited: the caller waits on the entry at once (a blocking call), so it runs the
+        cycle itself, or wakes the thread when it cannot (``_drive_while_waiting``):
+        the thread's alarm need not be armed for it (``_batch_started``)."""
         with self._lock:
             refused = self._stopped or name in self._in_flight
             if not refused:
@@ -143,16 +148,23 @@ class Runtime:
                 self._in_flight[name] = entry
                 self._queue.append(entry)
                 if first:
-                    self._batch_started()
+                    self._batch_started(waited)
+                elif self._batch_waited and not waited:  # work nobody waits on joins it
+                    self._batch_waited = False
+                    self._alarm.wake_by(self._batch_start + self.cycle_time)
         if refused:
             self.submit([entry])  # raises the error that says why
 
-    def _batch_started(self) -> None:
+    def _batch_started(self, waited: bool = False) -> None:
         """The first submit into an empty queue (the lock is held): unless a caller takes
         the work first, the thread runs it one cycle time from now. Once per batch: the
-        rest of a burst pays nothing here."""
+        rest of a burst pays nothing here. A batch its caller waits on at once arms
+        nothing: arming a timer that soon costs about 8 us in a VM (it reprograms the
+        host's timer; one due seconds away, 3 us), a quarter of a small allreduce."""
         now = self._batch_start = time.monotonic()
-        self._alarm.wake_by(now + self.cycle_time)
+        self._batch_waited = waited
+        if not waited:
+            self._alarm.wake_by(now + self.cycle_time)
 
     def _move_alarm(self, now: float) -> None:
         """A caller took the work (the lock is held): the thread would wake inside this
@@ -163,13 +175,18 @@ class Runtime:
           last cycle) the alarm stays one cycle time ahead, moved only when about to go
           off: once every half cycle time, not twice a call, and the next submit finds
           it early enough and arms nothing;
+        * in a loop of blocking calls (the batch was waited on at submit) no submit arms
+          it, so it moves to the idle time, and only when about to go off;
         * otherwise (a long cycle, or compute between cycles) it would go off inside
           the cycle or the gap after it: it moves to the idle time, and the next batch's
           first submit arms it again (``_batch_started``). Predicting where the next
           batch starts instead saved nothing measurable (bursts vary too much).
         """
         cycle_time, deadline = self.cycle_time, self._alarm.deadline
-        if self._caller_cycle_s < cycle_time / 4 and \
+        if self._batch_waited:  # the next batch will likely be waited on too: arms nothing
+            if deadline < now + _IDLE_WAIT / 2:
+                self._alarm.set(now + _IDLE_WAIT)
+        elif self._caller_cycle_s < cycle_time / 4 and \
                 self._batch_start - self._last_cycle < cycle_time / 4:
             if deadline < now + cycle_time / 2:
                 self._alarm.set(now + cycle_time)

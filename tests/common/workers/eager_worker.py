@@ -301,11 +301,34 @@ def large_tensors_never_ride_along(rank: int, size: int) -> None:
     _expect_eager(before, "4 MiB", rides=False)
 
 
+def negotiation_in_shared_memory_on_one_host(rank: int, size: int) -> None:
+    """On one host every cycle meets through shared memory (shm_exchange.py), eager or
+    not: MPI's negotiation allreduce is never even set up. Between hosts (the wrapper
+    that hides the exchange) it is MPI's."""
+    transport = process_state.state().runtime.controller.transport
+    shared = transport._shm
+    meetings = shared._barrier._meeting if shared is not None else 0
+    for round_ in range(ROUNDS):  # 4 MiB: never eager, so a plain negotiation each
+        mine = values(rank, 1 << 20, np.float32, round_)
+        collectives.allreduce_async(mine, mine, "large.again", ReduceOp.SUM).wait()
+        bitwise(mine, reference(size, 1 << 20, np.float32, round_, ReduceOp.SUM, 1.0, 1.0),
+                f"4 MiB again, round {round_}")
+        if round_ == ROUNDS - 2:  # read while no rank can have shut down (which closes it)
+            by_mpi = transport._persistent is not None
+            meetings = (shared._barrier._meeting if shared is not None else 0) - meetings
+    if shared is not None:
+        check(not by_mpi, "one host, yet MPI's negotiation allreduce was set up")
+        check(meetings >= ROUNDS - 1,
+              f"{meetings} shared-memory meetings in {ROUNDS - 1} cycles")
+    else:
+        check(by_mpi, "no shared memory, yet no MPI negotiation")
+
 if __name__ == "__main__":
     api.init()
     run_checks([every_op_and_dtype_in_place, into_outputs_and_runtime_blocks,
                 fused_groups_of_several_dtypes, a_rank_with_more_work_falls_back,
                 a_shape_change_on_one_rank_is_an_error_everywhere,
                 not_while_a_timeline_records, mid_sizes_reduced_by_slices,
-                large_tensors_never_ride_along], api.rank(), api.size())
+                large_tensors_never_ride_along, negotiation_in_shared_memory_on_one_host],
+               api.rank(), api.size())
     api.shutdown()
