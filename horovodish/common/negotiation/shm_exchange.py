@@ -67,8 +67,10 @@ class CounterBarrier:
         self._window.Sync()  # the others' writes, seen after their counters
         return True
 
-    def wait(self) -> None:
-        """Poll until the meeting is over (a caller blocked anyway: yields, no sleeps)."""
+    def meet(self) -> None:
+        """A whole meeting, blocking: polls, yielding the core in between, never sleeps
+        (MPICH's own blocking barrier spins too)."""
+        self.Start()
         while not self.Test():
             _yield()
 
@@ -136,8 +138,7 @@ class ShmExchange:
         after (split plans: each rank's reduced slice, then the copies out)."""
         window = self._window
         window.Sync()
-        self._barrier.Start()
-        self._barrier.wait()
+        self._barrier.meet()
         window.Sync()
 
     def _layout(self, words: int, nbytes: int) -> None:

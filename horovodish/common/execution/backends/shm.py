@@ -15,6 +15,10 @@ each segment: a rank packs piece k+2 into a half only after the barrier of piece
 which every rank passes only once done with piece k. The segments stay small (cache-
 sized), and any dtype reduces (numpy does the arithmetic).
 
+The barriers are counters in shared memory (negotiation/shm_exchange.CounterBarrier):
+about 1 us a meeting against MPICH's 2.3 us, and a 4 MiB allreduce meets eight times
+(measured: 661 us against 736 us with MPI's barrier, in one job).
+
 Only for communicators whose ranks all share one host, decided collectively at start,
 and by default from 64 KiB on (single tensors up to the ring's threshold: see
 ``enabled``).
@@ -28,6 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...messages import ReduceOp, RequestType
+from ...negotiation.shm_exchange import CounterBarrier
 from ..arithmetic import divide_toward_zero, reduce_ufunc, scale_into, scale_once
 from ..datatype_copies import MIN_OUTPUTS, DatatypeCopier
 from ..staging import AllreduceGroup, hand_out
@@ -103,6 +108,7 @@ class SharedMemoryBackend(Backend):
             self._failed.append(whole[2 * self.piece_bytes:].view(np.int64))
         window.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch for Sync(): memory barriers
         self._window, self._node = window, node
+        self._barrier = CounterBarrier(node)
 
     def close(self) -> None:
         if self._window is not None:
@@ -110,6 +116,7 @@ class SharedMemoryBackend(Backend):
             self._segments, self._failed = [], []
             self._window.Free()
             self._window = None
+            self._barrier.Free()
             self._node.Free()
         self._copier.close()
 
@@ -180,7 +187,7 @@ class SharedMemoryBackend(Backend):
         step): the loop runs to the end and then raises. A failed pack is flagged in
         shared memory, so that every rank raises (its sum would be wrong); a failed copy
         out only affects this rank."""
-        window, barrier = self._window, self._node.Barrier
+        window, barrier = self._window, self._barrier.meet
         failure: Exception | None = None
         failed_ranks: set[int] = set()
         my_flag = self._failed[self.rank]
