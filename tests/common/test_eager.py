@@ -161,7 +161,8 @@ CHECKS = ["every_op_and_dtype_in_place", "into_outputs_and_runtime_blocks",
           "fused_groups_of_several_dtypes", "a_rank_with_more_work_falls_back",
           "a_shape_change_on_one_rank_is_an_error_everywhere",
           "not_while_a_timeline_records", "mid_sizes_reduced_by_slices",
-          "large_tensors_never_ride_along", "negotiation_in_shared_memory_on_one_host"]
+          "large_tensors_never_ride_along", "a_late_reader_reads_its_own_cycle",
+          "negotiation_in_shared_memory_on_one_host"]
 
 
 WRAPPERS = Path(__file__).parent / "workers"

@@ -96,16 +96,16 @@ class _GatherPending(_MPIPending):
 class _ShmPending(_MPIPending):
     """An exchange through shared memory (shm_exchange.py): done when its barrier is."""
 
-    def __init__(self, request: Any, exchange: ShmExchange, half: int,
+    def __init__(self, request: Any, exchange: ShmExchange, turn: int,
                  transport: MPITransport) -> None:
         super().__init__(request, None, transport)
-        self._exchange, self._half = exchange, half
+        self._exchange, self._turn = exchange, turn
 
     def result(self) -> np.ndarray:
-        return self._exchange.result(self._half)
+        return self._exchange.result(self._turn)
 
     def rows(self) -> list[np.ndarray]:
-        return self._exchange.rows(self._half)
+        return self._exchange.rows(self._turn)
 
     def meet(self) -> None:
         self._exchange.meet()
@@ -138,7 +138,7 @@ class MPITransport(Transport):
         # Within one host both exchanges go through shared memory instead (collective:
         # every rank's transport is made at the same point of init).
         self._shm: ShmExchange | None = ShmExchange.open(
-            comm, lambda barrier, exchange, half: _ShmPending(barrier, exchange, half, self)
+            comm, lambda barrier, exchange, turn: _ShmPending(barrier, exchange, turn, self)
         ) if self.size > 1 else None
         # Without persistent collectives (MPI before 4.0: Open MPI 4.x) each cycle posts an
         # Iallreduce, which must then keep one order with the backends' collectives on

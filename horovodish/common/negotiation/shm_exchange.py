@@ -6,9 +6,16 @@ measured under MPICH on 2 ranks, from 64 KiB on its allgather's handshakes made 
 slower than negotiating and then reducing through shared memory, and its persistent
 barrier alone took 2.3 us a meeting. Here each rank writes its slot of a window every
 rank maps, then its counter (``CounterBarrier``, about 1 us a meeting); once every
-rank's counter has caught up, each rank reads every slot. Slots alternate between two
-halves from one exchange to the next: a rank writes half h again only after the meeting
-of the exchange in between, which no rank passes before it has finished reading half h.
+rank's counter has caught up, each rank reads every slot. Exchanges take TURNS sets of
+slots in turn: a rank writes set t again only after the meetings of the exchanges in
+between, which no rank passes before it has finished reading set t.
+
+Why four sets, not the two that safety needs: a rank that writes a line another core
+has just read pays for taking it back (measured on this VM's AMD EPYC: 1 MiB took 75 us
+against 24 us, and 450 us when the two vCPUs sit on different CCDs, which is when MPI
+is slow too). Four sets give the other core time to drop the lines first: 1 MiB and
+2 MiB eager cycles took 0.86x and 0.76x the time in such jobs, about the same (up to
+1.07x at 2 MiB) in the others, and 64 KiB and 256 KiB were unchanged (docs/tuning.md).
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from mpi4py import MPI
 from .transport import Pending
 
 _CAPACITY_STEP = 64 << 10  # regions grow in these steps: a new window is collective
+TURNS = 4  # sets of slots used in turn (see the module docstring)
 _LINE_WORDS = 8  # one 64-byte cache line per rank's counter: no false sharing
 _yield = getattr(os, "sched_yield", lambda: None)
 
@@ -84,18 +92,19 @@ class ShmExchange:
 
     def __init__(self, node: MPI.Comm,
                  make_pending: Callable[[CounterBarrier, ShmExchange, int], Pending]) -> None:
-        """make_pending(barrier, exchange, half): the transport's pending exchange for
-        each half, done when the barrier's meeting is (collective over node)."""
+        """make_pending(barrier, exchange, turn): the transport's pending exchange for
+        each set of slots, done when the barrier's meeting is (collective over node)."""
         self._node = node
         self.rank, self.size = node.Get_rank(), node.Get_size()
         barrier = self._barrier = CounterBarrier(node)
-        self._pending = [make_pending(barrier, self, half) for half in (0, 1)]
+        self._turns = TURNS  # sets of slots, used in turn
+        self._pending = [make_pending(barrier, self, turn) for turn in range(TURNS)]
         self._window: MPI.Win | None = None
-        self._slots: np.ndarray | None = None  # (half, rank, words) uint64
+        self._slots: np.ndarray | None = None  # (turn, rank, words) uint64
         self._shape = (0, 0)  # (vector words, region bytes) of the slots' layout
         self._capacity = 0  # region bytes the window holds per slot
         self._layouts: dict[tuple[int, int], tuple] = {}  # views by (words, bytes)
-        self._half = 0
+        self._turn = 0
 
     @classmethod
     def open(cls, comm: MPI.Comm,
@@ -109,29 +118,29 @@ class ShmExchange:
         return cls(node, make_pending)
 
     def region(self, words: int, nbytes: int) -> np.ndarray:
-        """This rank's region in the next exchange's half (flips the half)."""
+        """This rank's region in the next exchange's set of slots (takes the next turn)."""
         if (words, nbytes) != self._shape:
             self._layout(words, nbytes)
-        self._half ^= 1
-        return self._regions[self._half]
+        turn = self._turn = (self._turn + 1) % self._turns
+        return self._regions[turn]
 
     def start(self, vector: np.ndarray) -> Pending:
-        half = self._half
-        self._mine[half][:vector.size] = vector
+        turn = self._turn
+        self._mine[turn][:vector.size] = vector
         self._window.Sync()  # this rank's writes before the barrier
         self._barrier.Start()
-        return self._pending[half]
+        return self._pending[turn]
 
-    def result(self, half: int) -> np.ndarray:
+    def result(self, turn: int) -> np.ndarray:
         """After the barrier: every rank's vector, ANDed."""
         self._window.Sync()  # every rank's writes, seen after the barrier
-        vectors = self._vectors[half]
+        vectors = self._vectors[turn]
         if self.size == 2:  # a third of the reduce's cost, in the common case
             return np.bitwise_and(vectors[0], vectors[1])
         return np.bitwise_and.reduce(vectors, axis=0)
 
-    def rows(self, half: int) -> list[np.ndarray]:
-        return self._rows[half]
+    def rows(self, turn: int) -> list[np.ndarray]:
+        return self._rows[turn]
 
     def meet(self) -> None:
         """A blocking meeting, with this rank's writes visible before and everyone's
@@ -152,24 +161,25 @@ class ShmExchange:
             if len(self._layouts) >= 16:
                 self._layouts.clear()
             slots = self._slots
-            rows = [[slots[half, rank, words:].view(np.uint8)[:nbytes]
-                     for rank in range(self.size)] for half in (0, 1)]
+            turns = range(TURNS)
+            rows = [[slots[turn, rank, words:].view(np.uint8)[:nbytes]
+                     for rank in range(self.size)] for turn in turns]
             layout = self._layouts[(words, nbytes)] = (
-                [slots[half, self.rank] for half in (0, 1)],
-                [slots[half, :, :words] for half in (0, 1)], rows,
-                [half_rows[self.rank] for half_rows in rows])
+                [slots[turn, self.rank] for turn in turns],
+                [slots[turn, :, :words] for turn in turns], rows,
+                [turn_rows[self.rank] for turn_rows in rows])
         self._mine, self._vectors, self._rows, self._regions = layout
         self._shape = (words, nbytes)
 
     def _allocate(self, words: int, capacity: int) -> None:
         self.close_window()
         width = words + capacity // 8
-        nbytes = 2 * self.size * width * 8
-        # Rank 0 holds the whole window, so it is one array: (half, rank, words).
+        nbytes = TURNS * self.size * width * 8
+        # Rank 0 holds the whole window, so it is one array: (turn, rank, words).
         window = MPI.Win.Allocate_shared(nbytes if self.rank == 0 else 0, 8, comm=self._node)
         memory, _ = window.Shared_query(0)
         self._slots = np.frombuffer(memory, dtype=np.uint64,
-                                    count=nbytes // 8).reshape(2, self.size, width)
+                                    count=nbytes // 8).reshape(TURNS, self.size, width)
         window.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch for Sync(): memory barriers
         self._window, self._capacity = window, capacity
 

@@ -19,6 +19,7 @@ from ..execution.backends.ring import RingBackend
 from ..execution.backends.shm import SharedMemoryBackend
 from ..execution.cuda import GpuOperations
 from ..execution.eager import CROSS_HOST_EAGER_LIMIT, SPLIT_EAGER_LIMIT, EagerPredictor
+from ..negotiation.shm_exchange import TURNS
 from ..execution.executor import Executor
 from ..execution.operations import OperationManager
 from ..negotiation.controller import Controller
@@ -76,8 +77,9 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
         if limit:
             # By slices above the limit only through shared memory (a second barrier
             # there costs a few us; across hosts it would be a round trip).
-            # The window holds two regions a rank: at most 64 MiB in all for this.
-            split = min(SPLIT_EAGER_LIMIT, (64 << 20) // (2 * size)) if transport.one_host else 0
+            # The window holds TURNS regions a rank: at most 64 MiB in all for this.
+            split = min(SPLIT_EAGER_LIMIT, (64 << 20) // (TURNS * size)) \
+                if transport.one_host else 0
             eager = EagerPredictor(size, limit, split)
     runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,
                       stall_message=(lambda: stall.last_report) if stall else None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import ml_dtypes
@@ -301,6 +302,34 @@ def large_tensors_never_ride_along(rank: int, size: int) -> None:
     _expect_eager(before, "4 MiB", rides=False)
 
 
+def a_late_reader_reads_its_own_cycle(rank: int, size: int) -> None:
+    """Rank 0 reads the gathered regions 2 ms late; the others meanwhile finish and start
+    the next call, writing their next regions. Those must go to other slots than the
+    ones rank 0 is still to read (shm_exchange.py: sets of slots taken in turn)."""
+    executor = process_state.state().runtime.executor
+    before = eager_cycles()
+    rounds = 2 * ROUNDS
+    inputs = [values(rank, 256, np.float32, round_) for round_ in range(rounds)]
+    wants = [reference(size, 256, np.float32, round_, ReduceOp.SUM, 1.0, 1.0)
+             for round_ in range(rounds)]
+    if rank == 0:
+        reduce = executor.execute_gathered
+
+        def late(*args):
+            time.sleep(0.002)
+            return reduce(*args)
+        executor.execute_gathered = late
+    try:
+        for round_ in range(rounds):  # nothing between the calls: the others race ahead
+            collectives.allreduce_async(inputs[round_], inputs[round_], "late.reader",
+                                        ReduceOp.SUM, waited=True).wait()
+    finally:
+        executor.__dict__.pop("execute_gathered", None)
+    for round_ in range(rounds):
+        bitwise(inputs[round_], wants[round_], f"late reader, round {round_}")
+    _expect_eager(before, "a late reader")
+
+
 def negotiation_in_shared_memory_on_one_host(rank: int, size: int) -> None:
     """On one host every cycle meets through shared memory (shm_exchange.py), eager or
     not: MPI's negotiation allreduce is never even set up. Between hosts (the wrapper
@@ -329,6 +358,7 @@ if __name__ == "__main__":
                 fused_groups_of_several_dtypes, a_rank_with_more_work_falls_back,
                 a_shape_change_on_one_rank_is_an_error_everywhere,
                 not_while_a_timeline_records, mid_sizes_reduced_by_slices,
-                large_tensors_never_ride_along, negotiation_in_shared_memory_on_one_host],
+                large_tensors_never_ride_along, a_late_reader_reads_its_own_cycle,
+                negotiation_in_shared_memory_on_one_host],
                api.rank(), api.size())
     api.shutdown()
