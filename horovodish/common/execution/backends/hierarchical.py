@@ -101,8 +101,9 @@ class HierarchicalBackend(SharedMemoryBackend):
         why = topology.unsuitable() if topology else "turned off"
         local = topology.local if topology and why is None else MPI.COMM_SELF
         local_world = local.allgather(world[comm.Get_rank()])
+        # Two parts of 8 MiB pieces: more would hold 32 MiB a rank for a small gain.
         super().__init__(local, "shm" if why is None else "off", threshold, piece_bytes,
-                         world_ranks=local_world)
+                         world_ranks=local_world, turns=2)
         # Every rank of comm must agree, not only those of one host.
         if why is None and not comm.allreduce(self.available, op=MPI.LAND):
             why = "shared memory is unavailable on some host"

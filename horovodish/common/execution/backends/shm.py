@@ -10,10 +10,10 @@ all ranks on the host can read. A fused allreduce then needs no messages at all:
      (again the copy a fusion buffer needs anyway).
 
 Against packing, MPI_Allreduce and unpacking, this skips MPI's own copies into and out of
-its shared-memory cells. Large groups go in pieces that alternate between two halves of
-each segment: a rank packs piece k+2 into a half only after the barrier of piece k+1,
-which every rank passes only once done with piece k. The segments stay small (cache-
-sized), and any dtype reduces (numpy does the arithmetic).
+its shared-memory cells. Large groups go in pieces that take parts of each segment in
+turn: a rank packs into a part again only after the barrier of the piece before, which
+every rank passes only once done with the piece that used it. The segments stay small
+(a few MiB), and any dtype reduces (numpy does the arithmetic).
 
 The barriers are counters in shared memory (negotiation/shm_exchange.CounterBarrier):
 about 1 us a meeting against MPICH's 2.3 us, and a 4 MiB allreduce meets eight times
@@ -43,7 +43,12 @@ log = logging.getLogger("horovodish")
 # Bytes per piece (per rank, per half of its segment). Measured on 2 ranks: 1 MiB pieces
 # keep pack, reduce and copy-out in cache (docs/tuning.md).
 PIECE_BYTES = 1 << 20
-# After each rank's two halves: a flag that says its input could not be packed.
+# Parts of each rank's segment that pieces take in turn. Two are enough for safety; with
+# four, a rank rarely writes a line another core has just read, which costs it dearly on
+# this VM (negotiation/shm_exchange.py): 4 MiB, 8 MiB and a burst of 256 x 16 KiB took
+# 0.86-0.92x the time in one job each (docs/tuning.md).
+TURNS = 4
+# After each rank's parts: a flag that says its input could not be packed.
 _FLAG_BYTES = 8
 # Smaller allreduces go to MPI: two barriers cost more than MPI's own small-message path.
 SHM_THRESHOLD = 64 << 10
@@ -54,9 +59,11 @@ class SharedMemoryBackend(Backend):
 
     def __init__(self, comm: MPI.Comm, mode: str | None, threshold: int = SHM_THRESHOLD,
                  piece_bytes: int = PIECE_BYTES, world_ranks: Sequence[int] | None = None,
-                 single_below: int = 16 << 20) -> None:
+                 single_below: int = 16 << 20, turns: int = TURNS) -> None:
         """single_below: single tensors from this size on are left to the ring (its
-        threshold), fused groups are not (see ``enabled``)."""
+        threshold), fused groups are not (see ``enabled``). turns: parts of each
+        segment that pieces take in turn (at least 2)."""
+        self.turns = turns
         self.mode = mode
         self.threshold = threshold
         self.single_below = single_below
@@ -86,8 +93,8 @@ class SharedMemoryBackend(Backend):
         window, error = None, ""
         if node.Get_size() == self.size:
             try:
-                window = MPI.Win.Allocate_shared(2 * self.piece_bytes + _FLAG_BYTES, 1,
-                                                 comm=node)
+                window = MPI.Win.Allocate_shared(
+                    self.turns * self.piece_bytes + _FLAG_BYTES, 1, comm=node)
             except MPI.Exception as exc:
                 error = str(exc)
         else:
@@ -103,9 +110,9 @@ class SharedMemoryBackend(Backend):
         for rank in range(self.size):
             memory, _ = window.Shared_query(rank)
             whole = np.frombuffer(memory, dtype=np.uint8,
-                                  count=2 * self.piece_bytes + _FLAG_BYTES)
-            self._segments.append(whole[:2 * self.piece_bytes])
-            self._failed.append(whole[2 * self.piece_bytes:].view(np.int64))
+                                  count=self.turns * self.piece_bytes + _FLAG_BYTES)
+            self._segments.append(whole[:self.turns * self.piece_bytes])
+            self._failed.append(whole[self.turns * self.piece_bytes:].view(np.int64))
         window.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch for Sync(): memory barriers
         self._window, self._node = window, node
         self._barrier = CounterBarrier(node)
@@ -205,11 +212,11 @@ class SharedMemoryBackend(Backend):
             pieces = self._plans[key] = _plan(counts, step)
         for first, end, low, high, offset in pieces:
             count = high - low if low >= 0 else sum(counts[first:end])
-            # Halves alternate across calls too: a rank done with one call must not pack
-            # into the half that a slower rank is still copying the last results from.
+            # Turns go on across calls too: a rank done with one call must not pack
+            # into the part that a slower rank is still copying the last results from.
             self._pieces += 1
-            half = (self._pieces % 2) * self.piece_bytes
-            views = [segment[half:half + count * itemsize].view(dtype)
+            part = (self._pieces % self.turns) * self.piece_bytes
+            views = [segment[part:part + count * itemsize].view(dtype)
                      for segment in self._segments]
             mine = views[self.rank]
             tensors = None  # an MPI datatype of this piece's tensors, freed at its end
