@@ -120,3 +120,22 @@ def test_eager_bench_times_each_size_both_ways(tmp_path: Path):
         assert all(t > 0 for t in times), cells
         assert cells[3].endswith("x") and cells[4].endswith("x"), cells
         assert ("the same path" in " ".join(cells)) == (size == 4194304), cells
+
+
+def test_sharing_bench_times_each_setting_against_writing_alone(tmp_path: Path):
+    """python -m horovodish.bench.sharing: a row per setting, each with a positive time
+    and its ratio to writing alone (1.0 for alone itself); what the ratios are is the
+    machine's business."""
+    script = tmp_path / "run_sharing.py"
+    script.write_text("import sys\nfrom horovodish.bench import sharing\n"
+                      "sys.argv[1:] = ['--bytes', '65536', '--repeats', '5']\n"
+                      "sharing.main()\n")
+    result = run_ranks(script, 2, timeout=120)
+    assert_ok(result)
+    rows = [line for line in result.stdout.splitlines() if "x alone)" in line]
+    assert [line[:38].strip() for line in rows] == [
+        "alone", "after rank 1 read it", "after rank 1 read it, then 2 MiB"], result.stdout
+    for line in rows:
+        time_us, ratio = line[38:].split()[:2]
+        assert float(time_us) > 0 and float(ratio.strip("(x")) > 0, line
+    assert rows[0].rstrip().endswith("(1.0x alone)"), rows[0]
