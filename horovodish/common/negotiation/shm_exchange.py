@@ -14,8 +14,8 @@ Why four sets, not the two that safety needs: a rank that writes a line another 
 has just read pays for taking it back (measured on this VM's AMD EPYC: 1 MiB took 75 us
 against 24 us, and 450 us when the two vCPUs sit on different CCDs, which is when MPI
 is slow too). Four sets give the other core time to drop the lines first: 1 MiB and
-2 MiB eager cycles took 0.86x and 0.76x the time in such jobs, about the same (up to
-1.07x at 2 MiB) in the others, and 64 KiB and 256 KiB were unchanged (docs/tuning.md).
+2 MiB eager cycles took 0.87-0.92x and 0.75-0.76x the time in such jobs, 1.02x and
+1.07-1.10x in the others, and 64 KiB and 256 KiB were unchanged (docs/tuning.md).
 """
 from __future__ import annotations
 
