@@ -70,8 +70,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=100, help="writes per setting")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    if comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size() < 2:
-        raise SystemExit("bench.sharing needs at least 2 ranks on one host")
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    alone = comm.allreduce(node.Get_size() < 2, op=MPI.LOR)  # every rank stops, or none
+    node.Free()
+    if alone:
+        raise SystemExit("bench.sharing needs at least 2 ranks on each host")
     times = measure(comm, args.bytes, args.repeats)
     if comm.Get_rank() == 0:
         alone = times["alone"]

@@ -25,6 +25,8 @@ CASES = {
     "a Ctrl-C storm on one of two ranks leaves the runtime working": ("shared_storm", 2),
     "work nobody waits on yet starts without the idle timeout": ("idle", 2),
     "a submit-and-wait loop leaves the runtime thread asleep": ("quiet", 2),
+    "a blocking call arms no timer, and wakes the thread when it cannot drive":
+        ("waited", 2),
     "a cycle failing on the thread stops the runtime before a caller drives":
         ("thread_failure", 1),
 }

@@ -19,6 +19,7 @@ is slow too). Four sets give the other core time to drop the lines first: 1 MiB 
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable
 
@@ -28,9 +29,11 @@ from mpi4py import MPI
 from .transport import Pending
 
 _CAPACITY_STEP = 64 << 10  # regions grow in these steps: a new window is collective
+_FIRST_WORDS = 64  # bit-vector words the first window has room for (34 by default)
 TURNS = 4  # sets of slots used in turn (see the module docstring)
 _LINE_WORDS = 8  # one 64-byte cache line per rank's counter: no false sharing
 _yield = getattr(os, "sched_yield", lambda: None)
+log = logging.getLogger("horovodish")
 
 
 class CounterBarrier:
@@ -102,20 +105,35 @@ class ShmExchange:
         self._window: MPI.Win | None = None
         self._slots: np.ndarray | None = None  # (turn, rank, words) uint64
         self._shape = (0, 0)  # (vector words, region bytes) of the slots' layout
-        self._capacity = 0  # region bytes the window holds per slot
         self._layouts: dict[tuple[int, int], tuple] = {}  # views by (words, bytes)
+        self._width = 0  # words a slot holds
         self._turn = 0
+        # Every cycle meets here from the first, so the window is made now, where a
+        # failure can still fall back to MPI (``open``); it grows later if a region needs.
+        self._allocate(_FIRST_WORDS, _CAPACITY_STEP)
 
     @classmethod
     def open(cls, comm: MPI.Comm,
              make_pending: Callable[[CounterBarrier, ShmExchange, int], Pending]
              ) -> ShmExchange | None:
-        """Collective over comm: an exchange if every rank shares one host, else None."""
+        """Collective over comm: an exchange if every rank shares one host and could map
+        the windows, else None (then negotiation goes through MPI)."""
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        if not comm.allreduce(node.Get_size() == comm.Get_size(), op=MPI.LAND):
-            node.Free()
+        exchange, error = None, ""
+        if node.Get_size() == comm.Get_size():
+            try:
+                exchange = cls(node, make_pending)
+            except MPI.Exception as exc:  # a small /dev/shm, say
+                error = str(exc)
+        if not comm.allreduce(exchange is not None, op=MPI.LAND):
+            if exchange is not None:
+                exchange.close()
+            else:
+                node.Free()
+            if error:
+                log.warning("shared-memory negotiation unavailable (%s); using MPI", error)
             return None
-        return cls(node, make_pending)
+        return exchange
 
     def region(self, words: int, nbytes: int) -> np.ndarray:
         """This rank's region in the next exchange's set of slots (takes the next turn)."""
@@ -154,7 +172,7 @@ class ShmExchange:
         """Views for this layout, in a window large enough (a new one is collective:
         every rank reaches here at the same cycle, the plan being agreed). Layouts met
         before are kept: plans that take turns have a region size each."""
-        if nbytes > self._capacity or self._window is None:
+        if self._window is None or words + -(-nbytes // 8) > self._width:
             self._allocate(words, -(-max(nbytes, 1) // _CAPACITY_STEP) * _CAPACITY_STEP)
         layout = self._layouts.get((words, nbytes))
         if layout is None:
@@ -172,6 +190,7 @@ class ShmExchange:
         self._shape = (words, nbytes)
 
     def _allocate(self, words: int, capacity: int) -> None:
+        """A window whose slots hold words and then capacity bytes (collective)."""
         self.close_window()
         width = words + capacity // 8
         nbytes = TURNS * self.size * width * 8
@@ -181,7 +200,7 @@ class ShmExchange:
         self._slots = np.frombuffer(memory, dtype=np.uint64,
                                     count=nbytes // 8).reshape(TURNS, self.size, width)
         window.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch for Sync(): memory barriers
-        self._window, self._capacity = window, capacity
+        self._window, self._width = window, width
 
     def close_window(self) -> None:
         if self._window is not None:

@@ -132,6 +132,9 @@ class Runtime:
             self._queue += entries
             if first:
                 self._batch_started()
+            elif self._batch_waited:  # work nobody waits on yet joins a waited batch
+                self._batch_waited = False
+                self._alarm.wake_by(self._batch_start + self.cycle_time)
 
     def submit_one(self, entry: Entry, name: str, waited: bool = False) -> None:
         """submit([entry]) for entry.request.name == name, minus the group bookkeeping.

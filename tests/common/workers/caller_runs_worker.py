@@ -40,9 +40,9 @@ from horovodish.common.api.process_sets import global_process_set  # noqa: E402
 from horovodish.common.messages import ReduceOp  # noqa: E402
 
 
-def submit(name: str, rank: int, count: int = 1000):
+def submit(name: str, rank: int, count: int = 1000, waited: bool = False):
     data = np.arange(count, dtype=np.float64) * (rank + 1)
-    return collectives.allreduce_async(data, data, name, ReduceOp.SUM)
+    return collectives.allreduce_async(data, data, name, ReduceOp.SUM, waited=waited)
 
 
 def expected(size: int, count: int = 1000) -> np.ndarray:
@@ -436,6 +436,50 @@ def quiet(rank: int, size: int) -> None:
           f"caller-driven allreduces in {elapsed:.2f} s (at most {allowed:.0f} expected)")
 
 
+def waited(rank: int, size: int) -> None:
+    """A blocking call (waited=True) sets no timer for the runtime thread: in a loop of
+    them the caller drives every cycle and the alarm is armed about once per idle period
+    (each arming costs ~8 us in a VM). A caller that cannot drive (caller runs off, as
+    while a timeline records) wakes the thread itself: each call then still takes about
+    a cycle's time, not the 20 ms until the thread's idle check."""
+    from statistics import median
+
+    runtime = global_process_set.runtime
+    alarm = runtime._alarm
+    arms = 0
+    arm = alarm._arm
+
+    def counted_arm(deadline):
+        nonlocal arms
+        arms += 1
+        arm(deadline)
+    alarm._arm = counted_arm
+    calls = 600
+    start = time.perf_counter()
+    for step in range(calls):
+        got = submit("waited", rank, waited=True).wait()
+        check(np.array_equal(got, expected(size)), f"waited step {step}")
+    elapsed = time.perf_counter() - start
+    del alarm._arm
+    # Once per half idle period (10 ms) expected; twice that allowed for a loaded machine.
+    # Arming one cycle time ahead, as before, armed every 0.5 ms.
+    allowed = elapsed / 0.005 + 4
+    check(arms <= allowed, f"the alarm was armed {arms} times in {calls} blocking calls "
+          f"in {elapsed:.2f} s (at most {allowed:.0f} expected)")
+    runtime.caller_runs = False
+    try:
+        took = []
+        for step in range(40):
+            begin = time.perf_counter()
+            got = submit("waited.thread", rank, waited=True).wait()
+            took.append(time.perf_counter() - begin)
+            check(np.array_equal(got, expected(size)), f"thread-run step {step}")
+    finally:
+        runtime.caller_runs = True
+    check(median(took) < 0.008, f"median {median(took) * 1e3:.1f} ms a blocking call "
+          "that its caller could not drive")
+
+
 def thread_failure(rank: int, size: int) -> None:
     """A cycle that fails on the runtime thread stops the runtime before the driver
     lock is free: no caller may start a cycle after one abandoned midway."""
@@ -471,8 +515,8 @@ def thread_failure(rank: int, size: int) -> None:
     time.sleep(0.4)
 
 
-MODES = {check.__name__: check for check in [late, sigint, storm, idle, quiet, app_storm,
-                                             shared_storm, thread_failure]}
+MODES = {check.__name__: check for check in [late, sigint, storm, idle, quiet, waited,
+                                             app_storm, shared_storm, thread_failure]}
 
 if __name__ == "__main__":
     api.init()

@@ -90,16 +90,19 @@ class SharedMemoryBackend(Backend):
     def _open(self, comm: MPI.Comm) -> None:
         """Collective over comm: every rank ends up with the window, or none does."""
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        window, error = None, ""
+        window, barrier, error = None, None, ""
         if node.Get_size() == self.size:
             try:
                 window = MPI.Win.Allocate_shared(
                     self.turns * self.piece_bytes + _FLAG_BYTES, 1, comm=node)
+                barrier = CounterBarrier(node)
             except MPI.Exception as exc:
                 error = str(exc)
         else:
             error = "the ranks span more than one host"
-        if not comm.allreduce(window is not None, op=MPI.LAND):
+        if not comm.allreduce(barrier is not None, op=MPI.LAND):
+            if barrier is not None:
+                barrier.Free()
             if window is not None:
                 window.Free()
             node.Free()
@@ -114,8 +117,7 @@ class SharedMemoryBackend(Backend):
             self._segments.append(whole[:self.turns * self.piece_bytes])
             self._failed.append(whole[self.turns * self.piece_bytes:].view(np.int64))
         window.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch for Sync(): memory barriers
-        self._window, self._node = window, node
-        self._barrier = CounterBarrier(node)
+        self._window, self._node, self._barrier = window, node, barrier
 
     def close(self) -> None:
         if self._window is not None:
