@@ -199,8 +199,11 @@ def pack(views: list[np.ndarray], groups: list[EagerGroup],
          entries: list[list[Entry]]) -> None:
     """This rank's contribution to each group, prescaled, into its place (views)."""
     for view, group, mine in zip(views, groups, entries):
-        if len(mine) == 1 and group.prescale == 1.0:
-            np.copyto(view, mine[0].tensor.reshape(-1))
+        if len(mine) == 1:  # (torch's default op, Average, prescales float32 by 1/size)
+            if group.prescale == 1.0:
+                np.copyto(view, mine[0].tensor.reshape(-1))
+            else:
+                scale_into(view, mine[0].tensor.reshape(-1), group.prescale)
         else:
             pack_inputs(view, mine, group.counts, group.dtype, group.prescale)
 

@@ -93,7 +93,7 @@ class Coordinator:
         return responses
 
     def check_stall(self) -> bool:
-        if self.stall is None:
+        if self.stall is None or not self._table:  # (every cycle on rank 0: keep it cheap)
             return False
         return self.stall.check(self.waiting, self._joined)
 
