@@ -132,9 +132,8 @@ class Runtime:
             self._queue += entries
             if first:
                 self._batch_started()
-            elif self._batch_waited:  # work nobody waits on yet joins a waited batch
-                self._batch_waited = False
-                self._alarm.wake_by(self._batch_start + self.cycle_time)
+            elif self._batch_waited:
+                self._batch_unwaited()
 
     def submit_one(self, entry: Entry, name: str, waited: bool = False) -> None:
         """submit([entry]) for entry.request.name == name, minus the group bookkeeping.
@@ -152,9 +151,8 @@ class Runtime:
                 self._queue.append(entry)
                 if first:
                     self._batch_started(waited)
-                elif self._batch_waited and not waited:  # work nobody waits on joins it
-                    self._batch_waited = False
-                    self._alarm.wake_by(self._batch_start + self.cycle_time)
+                elif self._batch_waited and not waited:
+                    self._batch_unwaited()
         if refused:
             self.submit([entry])  # raises the error that says why
 
@@ -168,6 +166,12 @@ class Runtime:
         self._batch_waited = waited
         if not waited:
             self._alarm.wake_by(now + self.cycle_time)
+
+    def _batch_unwaited(self) -> None:
+        """Work nobody waits on yet joined a batch that its first caller will drive (the
+        lock is held): the thread runs it by the cycle time, should that caller not."""
+        self._batch_waited = False
+        self._alarm.wake_by(self._batch_start + self.cycle_time)
 
     def _move_alarm(self, now: float) -> None:
         """A caller took the work (the lock is held): the thread would wake inside this
