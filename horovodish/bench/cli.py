@@ -7,7 +7,7 @@ import sys
 from mpi4py import MPI
 
 from ..common import api
-from . import report
+from . import report, sharing
 from .burst import burst
 from .idle import idle_cost
 from .paths import available
@@ -20,6 +20,19 @@ def _agreed_paths(comm: MPI.Comm, frameworks: list[str]) -> dict:
     paths = available(frameworks)
     common = set.intersection(*map(set, comm.allgather(list(paths))))
     return {name: path for name, path in paths.items() if name in common}
+
+
+def sharing_cost(comm: MPI.Comm) -> float | None:
+    """How many times a plain write it costs to write shared memory another core has just
+    read (bench/sharing.py: which mode the machine is in), on rank 0; None elsewhere, and
+    where some host runs a single rank. Collective."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    paired = comm.allreduce(node.Get_size(), op=MPI.MIN) >= 2
+    node.Free()
+    if not paired:
+        return None
+    times = sharing.measure(comm, 1 << 20, 30)
+    return times["after rank 1 read it"] / times["alone"] if times else None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     comm = MPI.COMM_WORLD.Dup()
     frameworks = [f for f in args.frameworks.split(",") if f]
     figures: dict = {"ranks": comm.Get_size()}
+    mode_before = sharing_cost(comm)
     figures["idle"] = idle_cost(comm, rounds=args.idle_rounds)
     paths = _agreed_paths(comm, frameworks)
     figures["allreduce"] = sweep(comm, [s for s in SIZES if s <= args.max_bytes], paths,
@@ -53,6 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_training and "torch allreduce" in paths:
         from .training import training_step
         figures["training"] = training_step(comm, rounds=args.rounds + 2)
+    mode_after = sharing_cost(comm)
+    if mode_before is not None and mode_after is not None:
+        figures["sharing"] = {"before": mode_before, "after": mode_after}
     if comm.Get_rank() == 0:
         report.print_report(comm.Get_size(), figures)
         if args.json:

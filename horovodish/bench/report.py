@@ -10,6 +10,12 @@ def print_report(size: int, figures: dict) -> None:
     print(f"horovodish.bench: {size} ranks, float32 Sum allreduce, synchronous; each path's "
           "time in us and its ratio to MPI_Allreduce (MPI's time / the path's: above 1 is "
           "faster)")
+    mode = figures.get("sharing")
+    if mode:
+        print(f"machine mode: writing shared memory another core has just read took "
+              f"{mode['before']:.1f}x a plain write before this run, {mode['after']:.1f}x "
+              "after (about 3x: the two cores share an L3; 10x and more: they do not, and "
+              "every shared-memory transfer, MPI's too, is slow: docs/tuning.md)")
     header = f"{'bytes':>10} {'MPI us':>9} " + " ".join(f"{p[:24]:>30}" for p in paths)
     print(header)
     for row in rows:

@@ -20,8 +20,10 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
                        timeout=300)
     assert_ok(result)
     assert "ratio to MPI_Allreduce" in result.stdout and "idle cost" in result.stdout
+    assert "machine mode: writing shared memory" in result.stdout
     figures = json.loads(out.read_text())
     assert figures["ranks"] == 2
+    assert figures["sharing"]["before"] > 0 and figures["sharing"]["after"] > 0
     rows = figures["allreduce"]
     assert [row["bytes"] for row in rows] == [4 << 10, 16 << 10]
     for row in rows:
