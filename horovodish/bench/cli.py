@@ -7,7 +7,7 @@ import sys
 from mpi4py import MPI
 
 from ..common import api
-from . import report, sharing
+from . import report
 from .burst import burst
 from .idle import idle_cost
 from .paths import available
@@ -31,7 +31,10 @@ def sharing_cost(comm: MPI.Comm) -> float | None:
     node.Free()
     if not paired:
         return None
-    times = sharing.measure(comm, 1 << 20, 30)
+    # Imported here: ``python -m horovodish.bench.sharing`` imports this package first,
+    # and runpy warns when the module it is to run was imported already.
+    from .sharing import measure
+    times = measure(comm, 1 << 20, 30)
     return times["after rank 1 read it"] / times["alone"] if times else None
 
 
