@@ -20,7 +20,7 @@ from ..common.api.process_sets import ProcessSet, global_process_set
 from ..common.execution.cuda import DEVICE_CUDA
 from . import tensor_views
 from .tensor_views import (as_cuda_view, as_numpy, check_tensor, device_class, empty_allocator,
-                           from_cuda_views, from_numpy, on_device, ready_event,
+                           from_cuda_view, from_cuda_views, from_numpy, on_device, ready_event,
                            wait_on_current_stream)
 
 from ..common.messages import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
@@ -117,7 +117,7 @@ class _OnDevice:
         wait_on_current_stream(handle.event)
         if self.in_place:
             return self.tensor
-        return from_cuda_views([result], [self.tensor.dtype])[0]
+        return from_cuda_view(result, self.tensor.dtype)
 
 
 _DTYPE_NAMES = {dtype: str(dtype)[len("torch."):] for dtype in tensor_views.SUPPORTED}

@@ -86,6 +86,37 @@ def as_cuda_view(tensor: torch.Tensor) -> DeviceArray:
                        _NUMPY_TYPES[tensor.dtype], tensor)
 
 
+def _import_block(block: Any) -> torch.Tensor:
+    """A torch tensor sharing a CuPy block's memory. The capsule is asked for with
+    stream=-1 (DLPack's "no synchronization"): synchronize() has already made the
+    caller's stream wait for the result, so the producer/consumer handshake that
+    torch.from_dlpack performs (with retries over keyword arguments) is only host time;
+    on an H100 it was the largest piece of an out-of-place call's completion. Falls
+    back to torch.from_dlpack where the producer does not take stream=-1."""
+    global _capsule_import
+    if _capsule_import:
+        try:
+            return torch._C._from_dlpack(block.__dlpack__(stream=-1))
+        except (TypeError, ValueError, BufferError, AttributeError):
+            _capsule_import = False
+    return torch.from_dlpack(block)
+
+
+_capsule_import = True
+
+
+def from_cuda_view(array: Any, dtype: torch.dtype) -> torch.Tensor:
+    """One result (a CuPy view of a block) as a torch tensor: from_cuda_views for one."""
+    base = array.base if array.base is not None else array
+    tensor = _import_block(base)
+    if base is not array:
+        start = (array.data.ptr - base.data.ptr) // base.itemsize
+        tensor = tensor[start:start + array.size]
+    if tensor.shape != array.shape:
+        tensor = tensor.view(array.shape)
+    return tensor.view(torch.bfloat16) if dtype == torch.bfloat16 else tensor
+
+
 def from_cuda_views(arrays: list[Any], dtypes: list[torch.dtype]) -> list[torch.Tensor]:
     """CUDA tensors sharing memory with CuPy views of the runtime's result blocks:
     one DLPack import per block, then a torch view per result (a DLPack import costs
@@ -100,25 +131,38 @@ def from_cuda_views(arrays: list[Any], dtypes: list[torch.dtype]) -> list[torch.
         base = array.base if array.base is not None else array
         whole = blocks.get(id(base))
         if whole is None:
-            whole = blocks[id(base)] = torch.from_dlpack(base)
+            whole = blocks[id(base)] = _import_block(base)
         start = (array.data.ptr - base.data.ptr) // base.itemsize
         tensor = whole[start:start + array.size].view(array.shape)
         out.append(tensor.view(torch.bfloat16) if dtype == torch.bfloat16 else tensor)
     return out
 
 
+# The current stream's handle without building a torch.cuda.Stream object (a sixth of
+# the cost on an H100); torch's own compiled code uses it. CPU builds lack it.
+_raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream_ptr(device: int) -> int:
+    """The handle of device's current stream in torch."""
+    if _raw_current_stream is not None:
+        return _raw_current_stream(device)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def ready_event(tensor: torch.Tensor) -> DeviceEvent:
     """An event on the tensor's device's current stream: the collective runs after
     whatever that stream had enqueued at this call (a kernel still writing the tensor)."""
-    device = tensor.device.index if tensor.device.index is not None else \
-        torch.cuda.current_device()
-    return record_ready(torch.cuda.current_stream(device).cuda_stream, device)
+    device = tensor.get_device()  # a CUDA tensor's index, without a torch.device object
+    if device < 0:
+        device = torch.cuda.current_device()
+    return record_ready(current_stream_ptr(device), device)
 
 
 def wait_on_current_stream(event: DeviceEvent) -> None:
     """Make the current stream of the event's device wait for it (synchronize()):
     kernels enqueued there from now on see the collective's result. No host wait."""
-    stream_waits(torch.cuda.current_stream(event.device).cuda_stream, event)
+    stream_waits(current_stream_ptr(event.device), event)
 
 
 def empty_allocator(like: torch.Tensor, keep: list[torch.Tensor], direct: bool = False):

@@ -333,9 +333,14 @@ class FakeCupy(types.ModuleType):
         self.calls: list[str] = []  # kernels launched
         self.allocations = 0
         owner = self
+        # What was enqueued between streams and events, by handle (nothing is ordered
+        # here, but tests can check that the right waits and records were asked for).
+        self.waits: list[tuple[int, int]] = []  # (stream, event)
+        self.records: list[tuple[int, int]] = []  # (event, stream)
         runtime = types.SimpleNamespace(
-            getDevice=lambda: 0, eventRecord=lambda event, stream: None,
-            streamWaitEvent=lambda stream, event, flags=0: None,
+            getDevice=lambda: 0,
+            eventRecord=lambda event, stream: self.records.append((event, stream)),
+            streamWaitEvent=lambda stream, event, flags=0: self.waits.append((stream, event)),
             runtimeGetVersion=lambda: 13000)
         self.cuda = types.ModuleType("cupy.cuda")
         self.cuda.nccl = nccl

@@ -260,6 +260,21 @@ def test_fusion_never_fuses_other_collectives_or_errors():
     assert [[r.name for r in g] for g in groups] == [["g"], ["a", "b"], ["x"]]
 
 
+def test_large_device_tensors_are_not_fused():
+    """On the NCCL path (device "cuda") a tensor from DEVICE_UNFUSED_BYTES up goes alone:
+    fusing it would only copy it in and out of the fusion buffer. Smaller ones fuse, and
+    host tensors of any size fuse as before."""
+    from horovodish.common.execution.fusion import DEVICE_UNFUSED_BYTES as big
+    responses = [_resp("g1", big, device="cuda"), _resp("s1", 1024, device="cuda"),
+                 _resp("g2", big, device="cuda"), _resp("s2", 1024, device="cuda"),
+                 _resp("h1", big), _resp("h2", big),
+                 _resp("just_under", big - 4, device="cuda"),
+                 _resp("staged", big, device="cuda/host")]
+    groups = plan_fusion(responses, threshold=128 << 20)
+    assert [[r.name for r in g] for g in groups] == [
+        ["g1"], ["s1", "s2", "just_under"], ["g2"], ["h1", "h2"], ["staged"]]
+
+
 def test_fusion_buffers_are_reused():
     buffers = FusionBuffers()
     first = buffers.get(__import__("numpy").dtype("float32"), 100)

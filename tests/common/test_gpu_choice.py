@@ -113,9 +113,10 @@ def test_work_stream_waits_once_per_submit_event_and_tags_completion(tmp_path, m
     shared = DeviceEvent(cupy.cuda.Event(), 3)
     other = DeviceEvent(cupy.cuda.Event(), 3)
     stream.after([shared, shared, None, other, shared])  # a group's tensors share one
-    assert stream.stream.waited == [shared.event, other.event]
+    work = stream.stream.ptr
+    assert cupy.waits == [(work, shared.event.ptr), (work, other.event.ptr)]
     done = stream.finished()
-    assert done.device == 3 and done.event.recorded_on is stream.stream
+    assert done.device == 3 and cupy.records == [(done.event.ptr, work)]
 
 
 def test_device_mismatch_across_ranks_fails_every_rank_naming_the_tensor():

@@ -294,6 +294,32 @@ def test_one_tensor_into_a_result_block_is_one_nccl_call_and_no_launch(world):
     np.testing.assert_array_equal(got, x)
 
 
+def test_the_work_stream_waits_on_each_ready_event_once_and_records_completion(world):
+    """A fused group whose entries carry two submits' ready events: the work stream
+    waits on each once, before the group's work, and the completion event every entry
+    gets is recorded on the work stream."""
+    from horovodish.common.execution.cuda_streams import DeviceEvent
+    w = world(1)
+    responses = [Response(f"s{i}", RequestType.ALLREDUCE, "float32", (5,), ReduceOp.SUM,
+                          device="cuda") for i in range(3)]
+    backend = NcclBackend(w.comm(0))
+    executor = Executor(OperationManager([backend]), 0, 1)
+    first, second = (DeviceEvent(w.cupy.cuda.Event(), 0) for _ in range(2))
+    mine = [_entry(r, _view(np.ones(5, np.float32)), _view(np.empty(5, np.float32)))
+            for r in responses]
+    for entry, ready in zip(mine, (first, second, first)):
+        entry.event = ready
+    executor.execute(responses, mine)
+    for e in mine:
+        e.wait()
+    (state,) = backend._devices.values()
+    work = state.stream.stream.ptr
+    assert w.cupy.waits == [(work, first.event.ptr), (work, second.event.ptr)]
+    done = {id(e.event) for e in mine}
+    assert len(done) == 1 and mine[0].event not in (first, second)
+    assert w.cupy.records == [(mine[0].event.event.ptr, work)]
+
+
 @pytest.mark.parametrize("size", [1, 2, 3])
 def test_allgather_broadcast_alltoall_reducescatter(world, size):
     w = world(size)

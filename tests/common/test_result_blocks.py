@@ -111,3 +111,39 @@ def test_a_loop_holding_its_last_result_alternates_two_blocks(monkeypatch):
         out = blocks.take(F32, 1024)
         pointers.add(out.__array_interface__["data"][0])
     assert len(allocations) == 1 and len(pointers) == 2 and len(others) == 3
+
+
+def test_results_kept_in_flight_are_reused_without_a_scan(monkeypatch):
+    """20 async out-of-place calls, then their results dropped, round after round (the
+    GPU bench's in-flight loop): after the first round every take finds a free block
+    among the size's recent ones in at most three checks, with no scan and no
+    allocation."""
+    allocations = counting_allocations(monkeypatch)
+    blocks = ResultBlocks()
+    scans = []
+    scan = blocks._smallest_free
+    monkeypatch.setattr(blocks, "_smallest_free", lambda *a: scans.append(a) or scan(*a))
+    held = [blocks.take(F32, 256) for _ in range(20)]
+    first_round = {h.__array_interface__["data"][0] for h in held}
+    allocations.clear()
+    scans.clear()
+    checks, sweeping = [], []  # the checks of takes, not those of the periodic sweep
+    free, sweep = blocks._free, blocks._release_idle
+
+    def counted_free(i: int) -> bool:
+        if not sweeping:
+            checks.append(i)
+        return free(i)
+
+    def marked_sweep() -> None:
+        sweeping.append(True)
+        sweep()
+        sweeping.clear()
+    monkeypatch.setattr(blocks, "_free", counted_free)
+    monkeypatch.setattr(blocks, "_release_idle", marked_sweep)
+    for _ in range(5):
+        held = []
+        for _ in range(20):
+            held.append(blocks.take(F32, 256))
+        assert {h.__array_interface__["data"][0] for h in held} == first_round
+    assert allocations == [] and scans == [] and len(checks) <= 3 * 100

@@ -117,6 +117,8 @@ def allreduce_overhead() -> dict:
         lambda: in_flight(hvd.allreduce_async), repeat=5) / 20
     figures["raw_out_of_place_in_flight_ms"] = _gpu_ms(
         lambda: [raw(many[i % 4], y) for i in range(20)], repeat=5) / 20
+    figures.update(_in_flight_host_split(many))
+    sys.stdout.write(_profiled(lambda: in_flight(hvd.allreduce_async), 1.0))
     small = torch.ones(256, device="cuda")
     for _ in range(20):
         hvd.allreduce_(small, name="bench.small")
@@ -134,6 +136,46 @@ def allreduce_overhead() -> dict:
     return figures
 
 
+def _in_flight_host_split(tensors: list[torch.Tensor]) -> dict:
+    """Host time of 20 out-of-place calls kept in flight, in us per call: submitting
+    them, then synchronizing them (medians of 10 rounds, the GPU idle before each)."""
+    submit, finish = [], []
+    for round_ in range(10):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        handles = [hvd.allreduce_async(tensors[i % 4], op=hvd.Sum, name=f"bench.split.{i}")
+                   for i in range(20)]
+        middle = time.perf_counter()
+        for handle in handles:
+            hvd.synchronize(handle)
+        end = time.perf_counter()
+        submit.append((middle - start) / 20 * 1e6)
+        finish.append((end - middle) / 20 * 1e6)
+    return {"in_flight_host_submit_us_per_call": statistics.median(submit),
+            "in_flight_host_synchronize_us_per_call": statistics.median(finish)}
+
+
+def _profiled(run, seconds: float) -> str:
+    """cProfile of run() repeated for about seconds, top 30 by own time. At one rank
+    the caller's thread runs the runtime's cycles itself (the runtime thread idles),
+    so this thread's profile is the whole host cost. (A sampler thread reading
+    sys._current_frames() was tried: it gets the GIL only when the profiled thread
+    drops it, in CUDA calls, so it saw nothing else.)"""
+    import cProfile
+    import io
+    import pstats
+    profiler = cProfile.Profile()
+    end = time.perf_counter() + seconds
+    profiler.enable()
+    while time.perf_counter() < end:
+        run()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    return f"profile of 20 out-of-place calls in flight, repeated:\n{text.getvalue()}\n"
+
+
 def host_costs() -> dict:
     """Where a synchronous CUDA allreduce's host time goes, in us per call (medians of
     rounds of 200): the whole call on a small CUDA tensor and on a CPU tensor of the
@@ -141,7 +183,9 @@ def host_costs() -> dict:
     import cupy
     from cupy.cuda import nccl
 
-    from horovodish.torch.tensor_views import as_cuda_view, ready_event, wait_on_current_stream
+    from horovodish.torch import tensor_views
+    from horovodish.torch.tensor_views import (_import_block, as_cuda_view, current_stream_ptr,
+                                               ready_event, wait_on_current_stream)
 
     def per_call_us(run, calls: int = 200) -> float:
         rounds = []
@@ -155,6 +199,9 @@ def host_costs() -> dict:
         with cupy.cuda.Device(0):
             pass
     gpu, cpu = torch.ones(256, device="cuda"), torch.ones(256)
+    block = cupy.ones(1 << 20, dtype=cupy.float32)
+    imported = _import_block(block)
+    assert imported.data_ptr() == block.data.ptr and float(imported[-1]) == 1.0
     event = ready_event(gpu)
     communicator = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -165,6 +212,10 @@ def host_costs() -> dict:
         "ready_event": per_call_us(lambda: ready_event(gpu)),
         "wait_on_current_stream": per_call_us(lambda: wait_on_current_stream(event)),
         "torch_current_stream": per_call_us(lambda: torch.cuda.current_stream(0).cuda_stream),
+        "current_stream_ptr": per_call_us(lambda: current_stream_ptr(0)),
+        "torch_from_dlpack_of_a_block": per_call_us(lambda: torch.from_dlpack(block)),
+        "block_import_used": per_call_us(lambda: _import_block(block)),
+        "capsule_import_works": float(tensor_views._capsule_import),
         "cupy_event_record": per_call_us(
             lambda: cupy.cuda.Event(block=False, disable_timing=True).record(stream)),
         "cupy_device_context": per_call_us(device_context),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 24, in one run on a GPU machine (stage limits add up to under
-# 8 minutes; a passing run took about 65 s on an H100):
+# 8 minutes; passing runs took 74 to 89 s on an H100):
 #   bash tests/gpu/run_on_gpu.sh          # from the repository root; results in $OUT
 # Expects the lent machine's own stack (no registry there): python3 with torch (CUDA),
 # CuPy with NCCL, mpi4py on Open MPI, pytest (and pytest-xdist, to run the 1-, 2- and

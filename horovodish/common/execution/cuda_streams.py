@@ -30,10 +30,13 @@ class DeviceEvent(NamedTuple):
 def record_ready(stream_ptr: int, device: int) -> DeviceEvent:
     """An event recorded now on the stream stream_ptr (the framework's current one) of
     device: the collective's stream will wait on it."""
-    cupy = load_cupy()
-    with cupy.cuda.Device(device):
-        event = cupy.cuda.Event(block=False, disable_timing=True)
-        cupy.cuda.runtime.eventRecord(event.ptr, stream_ptr)
+    cuda = load_cupy().cuda
+    if cuda.runtime.getDevice() == device:  # the usual case: no context switch
+        event = cuda.Event(block=False, disable_timing=True)
+    else:
+        with cuda.Device(device):
+            event = cuda.Event(block=False, disable_timing=True)
+    cuda.runtime.eventRecord(event.ptr, stream_ptr)
     return DeviceEvent(event, device)
 
 
@@ -54,15 +57,19 @@ class WorkStream:
 
     def after(self, events: Iterable[DeviceEvent | None]) -> None:
         """Work enqueued from now on waits for each event (a group's tensors share a
-        submit's event: each distinct one is waited on once)."""
-        seen: set[int] = set()
+        submit's event: each distinct one is waited on once). The runtime's own calls,
+        not CuPy's Stream methods: this runs once per group, and the methods' Python
+        wrapping cost more than the call."""
+        wait = self._cupy.cuda.runtime.streamWaitEvent
+        stream, seen = self.stream.ptr, set()
         for ready in events:
             if ready is not None and id(ready.event) not in seen:
                 seen.add(id(ready.event))
-                self.stream.wait_event(ready.event)
+                wait(stream, ready.event.ptr, 0)
 
     def finished(self) -> DeviceEvent:
         """An event that completes once everything enqueued so far has run."""
-        event = self._cupy.cuda.Event(block=False, disable_timing=True)
-        event.record(self.stream)
+        cuda = self._cupy.cuda
+        event = cuda.Event(block=False, disable_timing=True)
+        cuda.runtime.eventRecord(event.ptr, self.stream.ptr)
         return DeviceEvent(event, self.device)

@@ -19,11 +19,23 @@ import numpy as np
 from ..messages import RequestType, Response
 
 
+# A tensor in device memory this large goes alone: NCCL reads it where it is and writes
+# its output, whereas fusing it copies it in and out of the fusion buffer (four times
+# its bytes through GPU memory, 11 us for 8 MiB at an H100's 3 TB/s), which costs
+# about what the separate NCCL launch it saves does. On the GPU machine, 20 calls of
+# 64 MiB kept in flight were fused in pairs and spent more on the copies than the
+# calls cost (docs/gpu.md).
+DEVICE_UNFUSED_BYTES = 8 << 20
+_DEVICE_MEMORY = "cuda"  # the NCCL path's device string (execution/cuda.py)
+
+
 def plan_fusion(responses: list[Response], threshold: int) -> list[list[Response]]:
     groups: list[list[Response]] = []
     open_groups: dict[tuple, tuple[list[Response], int]] = {}
     for response in responses:
-        if response.type != RequestType.ALLREDUCE or response.error is not None or threshold == 0:
+        if (response.type != RequestType.ALLREDUCE or response.error is not None
+                or threshold == 0 or (response.device == _DEVICE_MEMORY
+                                      and response.nbytes >= DEVICE_UNFUSED_BYTES)):
             groups.append([response])
             continue
         key = response.fusion_key
@@ -55,6 +67,11 @@ class FusionPlanner:
             self._groups = plan_fusion(responses, threshold)
             self._responses, self._threshold = responses, threshold
         return self._groups
+
+
+# The blocks remembered per (dtype, count): results of one call kept in flight at once
+# beyond this are found by a scan.
+_RECENT_PER_SIZE = 32
 
 
 def _host_empty(count: int, dtype: np.dtype) -> np.ndarray:
@@ -103,8 +120,8 @@ class ResultBlocks:
         self._blocks: list[Any] = []
         self._last_taken: list[int] = []
         self._takes = 0
-        # The blocks last chosen for each (dtype, count), tried before a scan: a loop of
-        # the same call alternates between two (the caller holds the previous result).
+        # The blocks chosen for each (dtype, count), in the order of their last take,
+        # tried before a scan (_free_among).
         self._recent: dict[tuple[np.dtype, int], list[int]] = {}
         # Releasing idle blocks scans them all: done every few takes, not every take.
         self._sweep_every = max(1, min(max_idle // 2, 16))
@@ -126,25 +143,46 @@ class ResultBlocks:
         recent = self._recent.get(key)
         best = -1
         if recent is not None:
-            for i in recent:
-                if self._free(i):
-                    best = i
-                    break
+            position = self._free_among(recent)
+            if position >= 0:
+                best = recent.pop(position)
         if best < 0:
             best = self._smallest_free(dtype, count)
             if best < 0:
                 self._blocks.append(self._empty(count, dtype))
                 self._last_taken.append(0)
                 best = len(self._blocks) - 1
-            if len(self._recent) > 4 * self._max_tracked:  # many sizes: start afresh
-                self._recent.clear()
-            self._recent[key] = [best] + (recent or [])[:1]
+            if recent is None:
+                if len(self._recent) > 4 * self._max_tracked:  # many sizes: start afresh
+                    self._recent.clear()
+                recent = self._recent[key] = []
+            elif len(recent) >= _RECENT_PER_SIZE:
+                del recent[0]
+        recent.append(best)
         self._last_taken[best] = self._takes
         chosen = self._blocks[best]  # held here: in use, so no sweep releases it
         if self._takes >= self._next_sweep:
             self._release_idle()
             self._next_sweep = self._takes + self._sweep_every
-        return chosen[:count]
+        # The block itself where it fits exactly (a CuPy slice costs microseconds);
+        # the caller's reference marks it busy just as a view's would.
+        return chosen if chosen.size == count else chosen[:count]
+
+    def _free_among(self, recent: list[int]) -> int:
+        """The position in recent (take order) of a free block, -1 if none. The two
+        newest first: a loop that drops its result reuses the newest, one that holds
+        its last result alternates two, and the others go idle and are released. Then
+        the rest, oldest first: a caller keeping k results of one call in flight
+        (async calls synchronized later) frees them in the order taken, so the oldest
+        is free again when tried: a few checks a take, not k."""
+        n = len(recent)
+        for position in range(n - 1, max(n - 3, -1), -1):
+            if self._free(recent[position]):
+                return position
+        for position in range(n - 2):
+            if self._free(recent[position]):
+                return position
+        return -1
 
     def _smallest_free(self, dtype: np.dtype, count: int) -> int:
         best = -1

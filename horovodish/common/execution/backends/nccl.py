@@ -186,16 +186,21 @@ class NcclBackend(Backend):
     # -- allreduce -------------------------------------------------------------------
     def allreduce_group(self, group: AllreduceGroup) -> list:
         entries = group.entries
-        dtype = group.responses[0].dtype
         device, state = self._device([e.tensor if e is not None else None for e in entries])
         cupy = load_cupy()
+        if cupy.cuda.runtime.getDevice() == device:  # the usual case: no context switch
+            return self._enqueue_allreduce(group, device, state)
         with cupy.cuda.Device(device):
-            communicator = self.communicators.get(device)
-            stream = state.stream
-            stream.after(e.event for e in entries if e is not None)
-            group.workspace.phase("NCCL_ALLREDUCE")
-            results = self._allreduce(group, dtype, state, communicator)
-            done = stream.finished()
+            return self._enqueue_allreduce(group, device, state)
+
+    def _enqueue_allreduce(self, group: AllreduceGroup, device: int, state: _Device) -> list:
+        entries = group.entries
+        communicator = self.communicators.get(device)
+        stream = state.stream
+        stream.after(e.event for e in entries if e is not None)
+        group.workspace.phase("NCCL_ALLREDUCE")
+        results = self._allreduce(group, group.responses[0].dtype, state, communicator)
+        done = stream.finished()
         for entry in entries:
             if entry is not None:
                 entry.event = done
@@ -207,10 +212,12 @@ class NcclBackend(Backend):
         datatype, op = nccl_reduction(dtype, group.op)
         storage = storage_dtype(dtype)
         stream, copier = state.stream.stream, state.copier
+        if len(entries) == 1 and entries[0] is not None and group.prescale == 1.0:
+            return [self._allreduce_one(group, entries[0], datatype, op, state, communicator)]
         total = sum(counts)
         owned = any(e is not None and e.output is None for e in entries)
         if len(entries) == 1 and not owned and entries[0] is not None:
-            entry = entries[0]  # one tensor: reduce into its output, no fusion buffer
+            entry = entries[0]  # one tensor, prescaled: into its output, no fusion buffer
             layout = plan_layout((total,))
             out = entry.output.data.ptr
             send = entry.tensor.data.ptr
@@ -226,18 +233,11 @@ class NcclBackend(Backend):
         layout = plan_layout(tuple(counts))
         buf = state.blocks.take(storage, total) if owned else state.buffers.get(storage, total)
         base = buf.data.ptr if total else 0
-        if len(entries) == 1 and entries[0] is not None and group.prescale == 1.0:
-            # One tensor into a result block: NCCL reads it where it is (no pack).
-            if total:
-                communicator.allReduce(entries[0].tensor.data.ptr, base, total, datatype, op,
-                                       stream.ptr)
-        else:
-            inputs = [e.tensor.data.ptr if e is not None else 0 for e in entries]
-            copier.launch(dtype, layout, *pack_pointers(layout, base, storage.itemsize,
-                                                        inputs),
-                          stream, scale=group.prescale)
-            if total:
-                communicator.allReduce(base, base, total, datatype, op, stream.ptr)
+        inputs = [e.tensor.data.ptr if e is not None else 0 for e in entries]
+        copier.launch(dtype, layout, *pack_pointers(layout, base, storage.itemsize, inputs),
+                      stream, scale=group.prescale)
+        if total:
+            communicator.allReduce(base, base, total, datatype, op, stream.ptr)
         outputs = [e.output.data.ptr if e is not None and e.output is not None else 0
                    for e in entries]
         if not owned:
@@ -262,6 +262,29 @@ class NcclBackend(Backend):
                 results.append(buf[offset:offset + response.count].reshape(response.shape))
             offset += response.count
         return results
+
+    def _allreduce_one(self, group: AllreduceGroup, entry: Entry, datatype: int, op: int,
+                       state: _Device, communicator: Any) -> Any:
+        """One tensor without a prescale (most calls, and every large one: fusion.py
+        leaves those alone): NCCL reads the input where it is and writes the caller's
+        output, or a result block the caller gets as its result; no pack, no unpack,
+        and only the postscale's launch if there is one."""
+        response = group.responses[0]
+        count, stream = response.count, state.stream.stream
+        if entry.output is None:
+            result = state.blocks.take(storage_dtype(response.dtype), count)
+            out = result.data.ptr if count else 0
+        else:
+            result = entry.output
+            out = result.data.ptr
+        if count:
+            communicator.allReduce(entry.tensor.data.ptr, out, count, datatype, op, stream.ptr)
+            if group.postscale != 1.0 or group.divide_by:
+                state.copier.launch(response.dtype, plan_layout((count,)), [out], [out],
+                                    stream, scale=group.postscale, divisor=group.divide_by)
+        if entry.output is None and result.shape != response.shape:
+            return result.reshape(response.shape)
+        return result
 
     # -- the rest: one response each -------------------------------------------------
     def run_one(self, kind: RequestType, response: Response, entry: Entry | None,
