@@ -10,6 +10,9 @@ Every figure is a ratio against a baseline timed in the same job, in alternating
   TensorFlow's eager ``allreduce``) against ``MPI_Allreduce`` on a preallocated buffer;
 - a burst of 256 x 16 KiB submitted asynchronously, then synchronized, through the same
   paths, against one MPI call on the 4 MiB concatenation and 256 separate MPI calls;
+- the other collectives through torch (broadcast in place and out of place, grouped
+  allreduce both ways, allgather, reducescatter) against MPI's own call on numpy
+  buffers, 4 KiB to 16 MiB;
 - a training step (an MLP, ``DistributedOptimizer``) against torch DDP on gloo and
   against the same step with no communication at all (the bound), with where the step's
   time goes;

@@ -67,6 +67,11 @@ def main(argv: list[str] | None = None) -> None:
     figures["allreduce"] = sweep(comm, [s for s in SIZES if s <= args.max_bytes], paths,
                                  args.rounds)
     figures["many_small"] = burst(comm, paths, rounds=args.rounds + 2)
+    if "torch allreduce" in paths:
+        from .collectives import SIZES as OTHER_SIZES
+        from .collectives import collectives
+        figures["collectives"] = collectives(
+            comm, [s for s in OTHER_SIZES if s <= args.max_bytes], args.rounds)
     if not args.no_training and "torch allreduce" in paths:
         from .training import training_step
         figures["training"] = training_step(comm, rounds=args.rounds + 2)

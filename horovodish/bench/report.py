@@ -33,6 +33,9 @@ def print_report(size: int, figures: dict) -> None:
               f"{values['over_separate']:5.2f}x separate calls")
     print(f"  timeline on: {small['runtime_with_timeline_s'] * 1e3:.2f} ms "
           f"({small['timeline_throughput_loss_percent']:.1f}% less throughput)")
+    if figures.get("collectives"):
+        from .collectives import print_rows
+        print_rows(figures["collectives"])
     step = figures.get("training")
     if step:
         print(f"\ntraining step, MLP {'-'.join(map(str, step['widths']))}, batch "

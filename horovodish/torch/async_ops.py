@@ -422,26 +422,43 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 
 # -- allgather -----------------------------------------------------------------------------
+# waited (keyword, beyond Horovod): the caller synchronizes at once (the blocking forms),
+# so the runtime's timer is not armed for the call (Runtime.submit_one).
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
-                            process_set: ProcessSet = global_process_set) -> int:
+                            process_set: ProcessSet = global_process_set, *,
+                            waited: bool = False) -> int:
     for tensor in tensors:
         check_tensor(tensor, "allgather")
     direct = _direct(tensors, RequestType.ALLGATHER)
-    outputs: list[list[torch.Tensor]] = [[] for _ in tensors]
     sources = [_contiguous(t, direct) for t in tensors]
+    names = names_for(name, len(tensors), "allgather", process_set)
+    device = _device(tensors[0], direct) if tensors else "cpu"
+    if not direct:  # host memory: the results are views of runtime-owned blocks
+        handles = core.grouped_allgather_async([as_numpy(t) for t in sources],
+                                               [None] * len(tensors), names, device,
+                                               process_set, waited=waited)
+        return register(handles, lambda results, _kept=sources: _owned_results(results,
+                                                                               tensors))
+    outputs: list[list[torch.Tensor]] = [[] for _ in tensors]
     handles = core.grouped_allgather_async(
         [_view(t, direct) for t in sources],
         [empty_allocator(t, out, direct) for t, out in zip(sources, outputs)],
-        names_for(name, len(tensors), "allgather", process_set),
-        _device(tensors[0], direct) if tensors else "cpu", process_set,
-        ready_event(tensors[0]) if direct else None)
+        names, device, process_set, ready_event(tensors[0]))
     return register(handles, lambda _, _kept=sources: [_back(out[0], t, direct)
                                                        for out, t in zip(outputs, tensors)])
 
 
+def _owned_results(results: list[np.ndarray], tensors: Sequence[torch.Tensor]
+                   ) -> list[torch.Tensor]:
+    """Results in runtime-owned host blocks as tensors where the callers' live (a staged
+    tensor's device gets a copy; the block is then free again)."""
+    return [_back(from_numpy(result), tensor) for result, tensor in zip(results, tensors)]
+
+
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
-                    process_set: ProcessSet = global_process_set) -> int:
-    handle = grouped_allgather_async([tensor], name, process_set)
+                    process_set: ProcessSet = global_process_set, *,
+                    waited: bool = False) -> int:
+    handle = grouped_allgather_async([tensor], name, process_set, waited=waited)
     handles, finish = _handles[handle]
     _handles[handle] = (handles, lambda results: finish(results)[0])
     return handle
@@ -473,29 +490,37 @@ def allgather_into_async(tensor: torch.Tensor, output: torch.Tensor, name: str |
 
 
 # -- broadcast -----------------------------------------------------------------------------
-def _broadcast_async(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
+def _broadcast_async(tensor: torch.Tensor, output: torch.Tensor | None, root_rank: int,
                      name: str | None, finish: Callable[[list[Any]], Any],
                      process_set: ProcessSet = global_process_set,
-                     in_place: bool = False, direct: bool = False) -> int:
-    """in_place: output is tensor or its host stand-in (see _grouped_allreduce_async)."""
+                     in_place: bool = False, direct: bool = False,
+                     waited: bool = False) -> int:
+    """in_place: output is tensor or its host stand-in (see _grouped_allreduce_async).
+    output None: the runtime's (host memory)."""
     check_tensor(tensor, "broadcast")
     kept = None
     if in_place:
         source = target = _view(output, direct)
     else:
         kept = _contiguous(tensor, direct)
-        source, target = _view(kept, direct), _view(output, direct)
+        source = _view(kept, direct)
+        target = None if output is None else _view(output, direct)
     handle = core.broadcast_async(source, target, root_rank,
                                   names_for(name, 1, "broadcast", process_set)[0],
                                   _device(tensor, direct), process_set,
-                                  ready_event(tensor) if direct else None)
+                                  ready_event(tensor) if direct else None, waited=waited)
     return register([handle], (lambda results, _kept=kept: finish(results)) if direct
                     else finish)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
-                    process_set: ProcessSet = global_process_set) -> int:
+                    process_set: ProcessSet = global_process_set, *,
+                    waited: bool = False) -> int:
     direct = _direct([tensor], RequestType.BROADCAST)
+    if not direct:  # host memory: the result is a view of a runtime-owned block
+        return _broadcast_async(tensor, None, root_rank, name,
+                                lambda results: _owned_results(results, [tensor])[0],
+                                process_set, waited=waited)
     output = _result_like(tensor, direct)
     return _broadcast_async(tensor, output, root_rank, name,
                             lambda _: _back(output, tensor, direct), process_set,
@@ -503,18 +528,19 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
-                     process_set: ProcessSet = global_process_set) -> int:
+                     process_set: ProcessSet = global_process_set, *,
+                     waited: bool = False) -> int:
     direct = _direct([tensor], RequestType.BROADCAST)
     output = _contiguous(tensor, direct)
     write_back = _write_back([tensor], [output])
     return _broadcast_async(tensor, output, root_rank, name,
                             lambda results: write_back(results)[0], process_set,
-                            in_place=True, direct=direct)
+                            in_place=True, direct=direct, waited=waited)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set, waited=True))
 
 
 # -- alltoall ------------------------------------------------------------------------------
@@ -551,7 +577,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 op: ReduceOp = Average,
                                 process_set: ProcessSet = global_process_set,
                                 prescale_factor: float = 1.0,
-                                postscale_factor: float = 1.0) -> int:
+                                postscale_factor: float = 1.0, *, waited: bool = False) -> int:
     process_set = core.resolve(process_set)
     rank, size = process_set.rank(), process_set.size()
     op = ReduceOp(op)
@@ -560,23 +586,30 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
     for tensor in tensors:
         check_tensor(tensor, "reducescatter")
         sources.append(_contiguous(tensor, direct))
-        shape = core.reducescatter_shape(tensor.shape, rank, size) if tensor.dim() else ()
-        outputs.append(torch.empty(shape, dtype=tensor.dtype,
-                                   device=tensor.device if direct else None))
+        if direct:
+            shape = core.reducescatter_shape(tensor.shape, rank, size) if tensor.dim() else ()
+            outputs.append(torch.empty(shape, dtype=tensor.dtype, device=tensor.device))
+    names = names_for(name, len(tensors), "reducescatter", process_set)
+    device = _device(tensors[0], direct) if tensors else "cpu"
+    if not direct:  # host memory: the results are views of runtime-owned blocks
+        handles = core.grouped_reducescatter_async(
+            [as_numpy(t) for t in sources], [None] * len(tensors), names, op,
+            prescale_factor, postscale_factor, device, process_set, waited=waited)
+        return register(handles, lambda results, _kept=sources: _owned_results(results,
+                                                                               tensors))
     handles = core.grouped_reducescatter_async(
-        [_view(t, direct) for t in sources], [_view(o, direct) for o in outputs],
-        names_for(name, len(tensors), "reducescatter", process_set), op, prescale_factor,
-        postscale_factor, _device(tensors[0], direct) if tensors else "cpu", process_set,
-        ready_event(tensors[0]) if direct else None)
+        [_view(t, direct) for t in sources], [_view(o, direct) for o in outputs], names, op,
+        prescale_factor, postscale_factor, device, process_set, ready_event(tensors[0]))
     return register(handles, lambda _, _kept=sources: [_back(o, t, direct)
                                                        for o, t in zip(outputs, tensors)])
 
 
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
                         process_set: ProcessSet = global_process_set,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+                        waited: bool = False) -> int:
     handle = grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor,
-                                         postscale_factor)
+                                         postscale_factor, waited=waited)
     handles, finish = _handles[handle]
     _handles[handle] = (handles, lambda results: finish(results)[0])
     return handle

@@ -214,15 +214,16 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], name: Any, op: ReduceOp,
 def allgather(tensor: torch.Tensor, name: str | None,
               process_set: ProcessSet) -> torch.Tensor:
     if not _wants_grad(tensor):
-        return async_ops.synchronize(async_ops.allgather_async(tensor, name, process_set))
+        return async_ops.synchronize(async_ops.allgather_async(tensor, name, process_set,
+                                                               waited=True))
     return _Allgather.apply(tensor, _name(name, "allgather", process_set), process_set)
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Any,
                       process_set: ProcessSet) -> list[torch.Tensor]:
     if not _wants_grad(*tensors):
-        return async_ops.synchronize(async_ops.grouped_allgather_async(tensors, name,
-                                                                       process_set))
+        return async_ops.synchronize(async_ops.grouped_allgather_async(
+            tensors, name, process_set, waited=True))
     names = async_ops.names_for(name, len(tensors), "allgather", process_set)
     return list(_GroupedAllgather.apply(names, process_set, *tensors))
 
@@ -232,7 +233,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Any, op: Reduce
                           process_set: ProcessSet) -> list[torch.Tensor]:
     if not _wants_grad(*tensors):
         return async_ops.synchronize(async_ops.grouped_reducescatter_async(
-            tensors, name, op, process_set, prescale, postscale))
+            tensors, name, op, process_set, prescale, postscale, waited=True))
     names = async_ops.names_for(name, len(tensors), "reducescatter", process_set)
     return list(_GroupedReducescatter.apply(names, ReduceOp(op), prescale, postscale,
                                             process_set, *tensors))
@@ -242,7 +243,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None,
               process_set: ProcessSet) -> torch.Tensor:
     if not _wants_grad(tensor):
         return async_ops.synchronize(async_ops.broadcast_async(tensor, root_rank, name,
-                                                               process_set))
+                                                               process_set, waited=True))
     return _Broadcast.apply(tensor, root_rank, _name(name, "broadcast", process_set),
                             process_set)
 
@@ -265,6 +266,6 @@ def reducescatter(tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale
                   postscale: float, process_set: ProcessSet) -> torch.Tensor:
     if not _wants_grad(tensor):
         return async_ops.synchronize(async_ops.reducescatter_async(
-            tensor, name, op, process_set, prescale, postscale))
+            tensor, name, op, process_set, prescale, postscale, waited=True))
     return _Reducescatter.apply(tensor, _name(name, "reducescatter", process_set),
                                 ReduceOp(op), prescale, postscale, process_set)

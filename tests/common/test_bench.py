@@ -36,6 +36,18 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     for values in small["paths"].values():
         assert abs(values["over_one_call"] - values["seconds"] / small["mpi_one_call_s"]) \
             < 1e-9
+    others = figures["collectives"]
+    assert {row["op"] for row in others} == {"broadcast", "grouped allreduce of 8",
+                                            "allgather", "reducescatter"}
+    for row in others:
+        assert row["bytes"] == 4 << 10 and row["mpi_s"] > 0
+        for values in row["paths"].values():
+            assert abs(values["ratio_to_mpi"] - row["mpi_s"] / values["seconds"]) < 1e-9
+        if row["op"] in ("broadcast", "grouped allreduce of 8"):
+            (in_place, out_of_place) = row["paths"]
+            assert abs(row["in_place_over_out_of_place"] - row["paths"][in_place]["seconds"]
+                       / row["paths"][out_of_place]["seconds"]) < 1e-9
+    assert "other collectives through torch" in result.stdout
     step = figures["training"]
     assert set(step["steps_per_s"]) == {"horovodish DistributedOptimizer",
                                         "torch DDP (gloo)", "no communication"}

@@ -81,8 +81,10 @@ def _check_output(tensor: np.ndarray, output: np.ndarray | None, opname: str,
             f"{tensor.dtype}; they must match.")
 
 
-def _submit(entries: list[Entry], process_set: ProcessSet) -> list[Handle]:
-    process_set.runtime.submit(entries)
+def _submit(entries: list[Entry], process_set: ProcessSet, waited: bool = False
+            ) -> list[Handle]:
+    """waited: the caller waits on the handles at once (Runtime.submit_one)."""
+    process_set.runtime.submit(entries, waited)
     return entries
 
 
@@ -170,10 +172,12 @@ def allreduce_async(tensor: np.ndarray, output: np.ndarray | None, name: str, op
     return entry
 
 
-def grouped_allgather_async(tensors: Sequence[np.ndarray], allocators: Sequence[Allocator],
+def grouped_allgather_async(tensors: Sequence[np.ndarray],
+                            allocators: Sequence[Allocator | None],
                             names: Sequence[str], device: str = "cpu",
                             process_set: ProcessSet | None = None,
-                            event: Any = None) -> list[Handle]:
+                            event: Any = None, waited: bool = False) -> list[Handle]:
+    """An allocator None: the result is a view of a runtime-owned block (host memory)."""
     process_set = resolve(process_set)
     completions = process_set.runtime.completions
     entries = []
@@ -181,7 +185,7 @@ def grouped_allgather_async(tensors: Sequence[np.ndarray], allocators: Sequence[
         _require_first_dim(tensor, "allgather", name)
         entries.append(Entry(_request(RequestType.ALLGATHER, name, tensor, device), tensor,
                              completions, allocate=allocate, event=event))
-    return _submit(entries, process_set)
+    return _submit(entries, process_set, waited)
 
 
 def allgather_async(tensor: np.ndarray, allocate: Allocator, name: str, device: str = "cpu",
@@ -190,10 +194,11 @@ def allgather_async(tensor: np.ndarray, allocate: Allocator, name: str, device: 
                                    event)[0]
 
 
-def broadcast_async(tensor: np.ndarray, output: np.ndarray, root_rank: int, name: str,
+def broadcast_async(tensor: np.ndarray, output: np.ndarray | None, root_rank: int, name: str,
                     device: str = "cpu", process_set: ProcessSet | None = None,
-                    event: Any = None) -> Handle:
-    """root_rank is a world rank (as in Horovod), also for a process set."""
+                    event: Any = None, waited: bool = False) -> Handle:
+    """root_rank is a world rank (as in Horovod), also for a process set. output None:
+    the result is a view of a runtime-owned block (host memory only)."""
     process_set = resolve(process_set)
     size = state().size
     if not 0 <= int(root_rank) < size:
@@ -204,7 +209,7 @@ def broadcast_async(tensor: np.ndarray, output: np.ndarray, root_rank: int, name
     request = _request(RequestType.BROADCAST, name, tensor, device, root_rank=root)
     entry = Entry(request, tensor, process_set.runtime.completions, output=output,
                   event=event)
-    return _submit([entry], process_set)[0]
+    return _submit([entry], process_set, waited)[0]
 
 
 def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | None, allocate: Allocator,
@@ -240,11 +245,13 @@ def reducescatter_shape(shape: Sequence[int], rank: int, size: int) -> tuple[int
     return (base + (1 if rank < extra else 0),) + tuple(shape[1:])
 
 
-def grouped_reducescatter_async(tensors: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
+def grouped_reducescatter_async(tensors: Sequence[np.ndarray],
+                                outputs: Sequence[np.ndarray | None],
                                 names: Sequence[str], op: ReduceOp, prescale: float = 1.0,
                                 postscale: float = 1.0, device: str = "cpu",
                                 process_set: ProcessSet | None = None,
-                                event: Any = None) -> list[Handle]:
+                                event: Any = None, waited: bool = False) -> list[Handle]:
+    """An output None: the result is a view of a runtime-owned block (host memory)."""
     process_set = resolve(process_set)
     completions = process_set.runtime.completions
     entries = []
@@ -255,7 +262,7 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], outputs: Sequence
         request = reduction_request(RequestType.REDUCESCATTER, name, tensor, op, prescale,
                                     postscale, device)
         entries.append(Entry(request, tensor, completions, output=output, event=event))
-    return _submit(entries, process_set)
+    return _submit(entries, process_set, waited)
 
 
 def barrier_async(process_set: ProcessSet | None = None) -> Handle:

@@ -11,6 +11,7 @@ contributes zeros.
 """
 from __future__ import annotations
 
+from math import prod
 from typing import Callable
 
 import numpy as np
@@ -257,8 +258,9 @@ class Executor:
         first_dims = response.first_dims
         assert first_dims is not None
         row_shape = response.shape[1:]
-        out = entry.allocate((sum(first_dims),) + tuple(row_shape))
-        row = int(np.prod(row_shape, dtype=np.int64))
+        owned = entry.allocate is None
+        out = self._output_of(entry.allocate, response, (sum(first_dims),) + tuple(row_shape))
+        row = prod(row_shape)
         counts = [d * row for d in first_dims]
         backend = self._backend(RequestType.ALLGATHER, response, sum(counts) * out.itemsize)
         self._phase(f"{backend.name.upper()}_ALLGATHER")
@@ -266,17 +268,37 @@ class Executor:
             send, flat_out = entry.tensor.reshape(-1), out.reshape(-1)
             # An input that is this rank's part of the output is gathered in place (the
             # sharded optimizer's updated shard, inside the flat parameters).
-            backend.allgatherv(None if _is_part(send, flat_out, sum(counts[:self.rank]))
+            # (A block just taken cannot hold the input: a view would have kept it.)
+            backend.allgatherv(None if not owned and _is_part(send, flat_out,
+                                                              sum(counts[:self.rank]))
                                else send, flat_out, counts)
         return out
 
+    def _output_of(self, allocate: Callable[[tuple[int, ...]], np.ndarray] | None,
+                   response: Response, shape: tuple[int, ...]) -> np.ndarray:
+        """The caller's allocation, or, without one, a view of a runtime-owned result
+        block (reused once the caller drops every view of it): a fresh output would
+        fault its pages in on every call (a 32 MiB allgather result: 15 ms here)."""
+        if allocate is not None:
+            return allocate(shape)
+        block = self.workspace.result_blocks.take(numpy_dtype(response.dtype), prod(shape))
+        return block.reshape(shape)
+
     def _broadcast(self, response: Response, entry: Entry) -> np.ndarray:
         out = entry.output
-        if self.rank == response.root_rank and out is not entry.tensor:
-            np.copyto(out, entry.tensor)
+        if out is None:
+            out = self._output_of(None, response, response.shape)
         backend = self._backend(RequestType.BROADCAST, response, out.nbytes)
         self._phase(f"{backend.name.upper()}_BROADCAST")
-        if out.size:
+        if self.rank == response.root_rank and out is not entry.tensor:
+            # The root sends from its input, then copies it into its output: the output
+            # is written while no other rank has read it. (Copied first and sent from,
+            # a reused output is written just after the other ranks read it, which costs
+            # 3 to 20 times a plain write here: tuning.md, section 5.)
+            if out.size:
+                backend.bcast(entry.tensor.reshape(-1), response.root_rank)
+            np.copyto(out, entry.tensor)
+        elif out.size:
             backend.bcast(out.reshape(-1), response.root_rank)
         return out
 
@@ -296,8 +318,11 @@ class Executor:
     def _reducescatter(self, response: Response, entry: Entry) -> np.ndarray:
         rows = response.shape[0] if response.shape else 0
         row = int(np.prod(response.shape[1:], dtype=np.int64))
-        counts = [c * row for c in _reduction_counts(rows, self.size)]
+        parts = _reduction_counts(rows, self.size)
+        counts = [c * row for c in parts]
         out = entry.output
+        if out is None:
+            out = self._output_of(None, response, (parts[self.rank],) + tuple(response.shape[1:]))
         dtype = numpy_dtype(response.dtype)
         send = entry.tensor.reshape(-1)
         if response.prescale != 1.0:  # else straight from the input: no copy, no buffer

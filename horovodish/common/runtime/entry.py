@@ -18,7 +18,8 @@ class Entry(Handle):
 
     Known-shape outputs (allreduce, broadcast, reducescatter) are allocated at submit;
     allgather and alltoall learn their output shape from the response and ask
-    ``allocate``. An allreduce without an output gets a view of a runtime-owned block.
+    ``allocate``. An allreduce, broadcast or reducescatter without an output, and an
+    allgather without ``allocate``, get a view of a runtime-owned block (host memory).
     """
 
     # event: for CUDA views, the CUDA event recorded on the caller's stream at submit,

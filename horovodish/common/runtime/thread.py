@@ -104,8 +104,9 @@ class Runtime:
         self._thread.start()
 
     # -- called from user threads ------------------------------------------------------
-    def submit(self, entries: list[Entry]) -> None:
-        """Enqueue entries atomically (a group negotiates in one cycle)."""
+    def submit(self, entries: list[Entry], waited: bool = False) -> None:
+        """Enqueue entries atomically (a group negotiates in one cycle). waited: as for
+        submit_one, the caller waits on them at once."""
         with self._lock:
             if self._stopped:
                 raise HorovodInternalError(
@@ -131,8 +132,8 @@ class Runtime:
             in_flight |= new
             self._queue += entries
             if first:
-                self._batch_started()
-            elif self._batch_waited:
+                self._batch_started(waited)
+            elif self._batch_waited and not waited:
                 self._batch_unwaited()
 
     def submit_one(self, entry: Entry, name: str, waited: bool = False) -> None:

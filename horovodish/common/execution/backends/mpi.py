@@ -64,6 +64,12 @@ class MPIBackend(Backend):
 
     def allgatherv(self, send: np.ndarray | None, recv: np.ndarray, counts: list[int]) -> None:
         item = recv.dtype.itemsize
+        if counts.count(counts[0]) == len(counts):
+            # Every rank sends as much: MPI_Allgather, whose algorithms MPICH tunes
+            # (its Allgatherv took twice as long for 1 MiB on 2 ranks here).
+            self.comm.Allgather(MPI.IN_PLACE if send is None else _as_bytes(send),
+                                _as_bytes(recv))
+            return
         byte_counts = [c * item for c in counts]
         self.comm.Allgatherv(MPI.IN_PLACE if send is None else _as_bytes(send),
                              [_as_bytes(recv), byte_counts, _displacements(byte_counts), MPI.BYTE])

@@ -1,0 +1,110 @@
+"""The other collectives users call through torch, in place and out of place, each next
+to MPI's own call on numpy buffers in the same run: broadcast, grouped allreduce,
+allgather and reducescatter (issue 21: every public path, not only allreduce)."""
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from .timing import Contender, alternating
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+GROUP = 8  # tensors of a grouped allreduce (the size is the group's)
+
+# op -> (its MPI baseline, [(path, factory of one synchronous call)]); a path's name
+# ending in "_" is in place.
+Factory = Callable[[int, str], Contender]
+
+
+def _ops(comm: MPI.Comm) -> dict[str, tuple[Factory, list[tuple[str, Factory]]]]:
+    import torch
+
+    from .. import torch as hvd
+    size = comm.Get_size()
+
+    def mpi_bcast(nbytes: int, name: str) -> Contender:
+        buf = np.zeros(nbytes // 4, np.float32)
+        return lambda: comm.Bcast(buf, root=0)
+
+    def mpi_allreduce(nbytes: int, name: str) -> Contender:
+        buf = np.zeros(nbytes // 4, np.float32)
+        return lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+    def mpi_allgather(nbytes: int, name: str) -> Contender:
+        send, recv = np.zeros(nbytes // 4, np.float32), np.zeros(size * nbytes // 4, np.float32)
+        return lambda: comm.Allgather(send, recv)
+
+    def mpi_reducescatter(nbytes: int, name: str) -> Contender:
+        count = nbytes // 4 // size
+        send, recv = np.zeros(count * size, np.float32), np.zeros(count, np.float32)
+        return lambda: comm.Reduce_scatter_block(send, recv, op=MPI.SUM)
+
+    def broadcast(in_place: bool) -> Factory:
+        def make(nbytes: int, name: str) -> Contender:
+            tensor = torch.zeros(nbytes // 4)
+            call = hvd.broadcast_ if in_place else hvd.broadcast
+            return lambda: call(tensor, 0, name=name)
+        return make
+
+    def grouped(in_place: bool) -> Factory:
+        def make(nbytes: int, name: str) -> Contender:
+            tensors = [torch.zeros(max(1, nbytes // 4 // GROUP)) for _ in range(GROUP)]
+            call = hvd.grouped_allreduce_ if in_place else hvd.grouped_allreduce
+            return lambda: call(tensors, name=name, op=hvd.Sum)
+        return make
+
+    def allgather(nbytes: int, name: str) -> Contender:
+        tensor = torch.zeros(nbytes // 4)
+        return lambda: hvd.allgather(tensor, name=name)
+
+    def reducescatter(nbytes: int, name: str) -> Contender:
+        tensor = torch.zeros(nbytes // 4 // size * size)
+        return lambda: hvd.reducescatter(tensor, name=name, op=hvd.Sum)
+    return {
+        "broadcast": (mpi_bcast, [("broadcast_", broadcast(True)),
+                                  ("broadcast", broadcast(False))]),
+        f"grouped allreduce of {GROUP}": (mpi_allreduce, [
+            ("grouped_allreduce_", grouped(True)), ("grouped_allreduce", grouped(False))]),
+        "allgather": (mpi_allgather, [("allgather", allgather)]),
+        "reducescatter": (mpi_reducescatter, [("reducescatter", reducescatter)]),
+    }
+
+
+def collectives(comm: MPI.Comm, sizes: list[int], rounds: int = 3) -> list[dict]:
+    """Per op and size (bytes a rank sends: the allgather's input, the reducescatter's
+    input, the group's total): seconds per call of each path and of MPI (medians over
+    alternating rounds), each path's ratio to MPI (MPI's time over the path's), and,
+    for ops with both forms, the in-place path's time over the out-of-place one's."""
+    rows = []
+    for op, (baseline, paths) in _ops(comm).items():
+        for nbytes in sizes:
+            contenders = {path: make(nbytes, f"bench.{path}.{nbytes}")
+                          for path, make in paths}
+            contenders["MPI"] = baseline(nbytes, "")
+            times = alternating(contenders, comm, rounds)
+            seconds = {key: statistics.median(values) for key, values in times.items()}
+            mpi_s = seconds.pop("MPI")
+            row = {"op": op, "bytes": nbytes, "mpi_s": mpi_s,
+                   "paths": {path: {"seconds": s, "ratio_to_mpi": mpi_s / s}
+                             for path, s in seconds.items()}}
+            in_place = [p for p in seconds if p.endswith("_")]
+            if in_place:
+                out_of_place = in_place[0][:-1]
+                row["in_place_over_out_of_place"] = \
+                    seconds[in_place[0]] / seconds[out_of_place]
+            rows.append(row)
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    print("\nother collectives through torch (time in us, ratio to MPI's own call on numpy "
+          "buffers; in/out: the in-place form's time over the out-of-place one's)")
+    for row in rows:
+        cells = "  ".join(f"{path} {v['seconds'] * 1e6:.1f} ({v['ratio_to_mpi']:.2f}x)"
+                          for path, v in row["paths"].items())
+        extra = row.get("in_place_over_out_of_place")
+        print(f"  {row['op']:26s} {row['bytes']:>9}  MPI {row['mpi_s'] * 1e6:9.1f}  {cells}"
+              + (f"  in/out {extra:.2f}" if extra is not None else ""))
