@@ -306,7 +306,7 @@ class Executor:
         splits = response.splits
         assert splits is not None
         row_shape = tuple(entry.tensor.shape[1:])
-        row = int(np.prod(row_shape, dtype=np.int64))
+        row = prod(row_shape)
         received = [splits[src][self.rank] for src in range(self.size)]
         out = entry.allocate((sum(received),) + row_shape)
         backend = self._backend(RequestType.ALLTOALL, response, entry.tensor.nbytes)
@@ -317,7 +317,7 @@ class Executor:
 
     def _reducescatter(self, response: Response, entry: Entry) -> np.ndarray:
         rows = response.shape[0] if response.shape else 0
-        row = int(np.prod(response.shape[1:], dtype=np.int64))
+        row = prod(response.shape[1:])
         parts = _reduction_counts(rows, self.size)
         counts = [c * row for c in parts]
         out = entry.output
