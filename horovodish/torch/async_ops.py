@@ -239,7 +239,8 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor],
                              postscale_factor: float, opname: str,
                              finish: Callable[[list[Any]], Any],
                              process_set: ProcessSet = global_process_set,
-                             in_place: bool = False, direct: bool = False) -> int:
+                             in_place: bool = False, direct: bool = False,
+                             waited: bool = False) -> int:
     """in_place: each output is its tensor, or the contiguous host stand-in that finish
     writes back (then it is the input too: no second copy of the tensor)."""
     sources, targets = [], []
@@ -261,10 +262,12 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor],
     event = ready_event(tensors[0]) if direct else None
     if len(sources) == 1:  # the core's single-tensor path: no group bookkeeping
         handles = [core.allreduce_async(sources[0], targets[0], names[0], op, prescale_factor,
-                                        postscale_factor, device, process_set, event)]
+                                        postscale_factor, device, process_set, event,
+                                        waited=waited)]
     else:
         handles = core.grouped_allreduce_async(sources, targets, names, op, prescale_factor,
-                                               postscale_factor, device, process_set, event)
+                                               postscale_factor, device, process_set, event,
+                                               waited=waited)
     if kept:
         return register(handles, lambda results, _kept=kept: finish(results))
     return register(handles, finish)
@@ -273,22 +276,25 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor],
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
                             name: str | None = None, op: ReduceOp | None = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                            process_set: ProcessSet = global_process_set) -> int:
+                            process_set: ProcessSet = global_process_set, *,
+                            waited: bool = False) -> int:
     return _grouped_allreduce_into_runtime(tensors, name, _resolve_op(average, op),
-                                           prescale_factor, postscale_factor, process_set)
+                                           prescale_factor, postscale_factor, process_set,
+                                           waited=waited)
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
                              name: str | None = None, op: ReduceOp | None = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                             process_set: ProcessSet = global_process_set) -> int:
+                             process_set: ProcessSet = global_process_set, *,
+                             waited: bool = False) -> int:
     op = _resolve_op(average, op)
     direct = _direct(tensors, RequestType.ALLREDUCE, op)
     outputs = [_contiguous(t, direct) for t in tensors]
     return _grouped_allreduce_async(tensors, outputs, name, op,
                                     prescale_factor, postscale_factor, "grouped_allreduce_",
                                     _write_back(tensors, outputs), process_set, in_place=True,
-                                    direct=direct)
+                                    direct=direct, waited=waited)
 
 
 def _allreduce_plain(array: np.ndarray, target: np.ndarray | None, result: Any,
@@ -358,7 +364,8 @@ def grouped_allreduce_into_runtime_async(tensors: Sequence[torch.Tensor],
 def _grouped_allreduce_into_runtime(tensors: Sequence[torch.Tensor],
                                     name: str | Sequence[str] | None, op: ReduceOp,
                                     prescale_factor: float, postscale_factor: float,
-                                    process_set: ProcessSet, single: bool = False) -> int:
+                                    process_set: ProcessSet, single: bool = False,
+                                    waited: bool = False) -> int:
     """The results are views of a runtime block: on the GPU for the NCCL path, else on
     the host (moved to the tensors' device, if staged). single: return the one result."""
     if _direct(tensors, RequestType.ALLREDUCE, op):  # views of a device result block
@@ -368,7 +375,7 @@ def _grouped_allreduce_into_runtime(tensors: Sequence[torch.Tensor],
         return _grouped_allreduce_async(
             tensors, [None] * len(tensors), name, op, prescale_factor, postscale_factor,
             "allreduce" if single else "grouped_allreduce", finish_device, process_set,
-            direct=True)
+            direct=True, waited=waited)
 
     def finish_host(results: list[Any]) -> Any:
         out = [_back(from_numpy(r), t) for r, t in zip(results, tensors)]
@@ -376,7 +383,7 @@ def _grouped_allreduce_into_runtime(tensors: Sequence[torch.Tensor],
     return _grouped_allreduce_async(tensors, [None] * len(tensors), name, op,
                                     prescale_factor, postscale_factor,
                                     "allreduce" if single else "grouped_allreduce",
-                                    finish_host, process_set)
+                                    finish_host, process_set, waited=waited)
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -418,7 +425,7 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+                                                postscale_factor, process_set, waited=True))
 
 
 # -- allgather -----------------------------------------------------------------------------

@@ -206,7 +206,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], name: Any, op: ReduceOp,
                       process_set: ProcessSet) -> list[torch.Tensor]:
     if not _wants_grad(*tensors):
         return async_ops.synchronize(async_ops.grouped_allreduce_async(
-            tensors, None, name, op, prescale, postscale, process_set))
+            tensors, None, name, op, prescale, postscale, process_set, waited=True))
     names = async_ops.names_for(name, len(tensors), "allreduce", process_set)
     return list(_GroupedAllreduce.apply(names, op, prescale, postscale, process_set, *tensors))
 

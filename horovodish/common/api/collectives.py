@@ -125,7 +125,7 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray],
                             names: Sequence[str], op: ReduceOp, prescale: float = 1.0,
                             postscale: float = 1.0, device: str = "cpu",
                             process_set: ProcessSet | None = None,
-                            event: Any = None) -> list[Handle]:
+                            event: Any = None, waited: bool = False) -> list[Handle]:
     """Allreduce several tensors; they enter negotiation in the same cycle, so they fuse.
 
     An output of None lets the runtime own the result: the handle returns a view of a
@@ -143,7 +143,7 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray],
         entries.append(Entry(reduction_request(kind, name, tensor, op, prescale, postscale,
                                                device), tensor, completions, output,
                              event=event))
-    return _submit(entries, process_set)
+    return _submit(entries, process_set, waited)
 
 
 def allreduce_async(tensor: np.ndarray, output: np.ndarray | None, name: str, op: ReduceOp,

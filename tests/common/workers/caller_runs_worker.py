@@ -455,10 +455,31 @@ def waited(rank: int, size: int) -> None:
         arm(deadline)
     alarm._arm = counted_arm
     calls = 600
+    mine = np.arange(6, dtype=np.float32) + rank  # for the other collectives' forms
+    gathered = np.concatenate([np.arange(6, dtype=np.float32) + r for r in range(size)])
+    summed = sum(np.arange(6 * size, dtype=np.float32) + r for r in range(size))
     start = time.perf_counter()
     for step in range(calls):
         got = submit("waited", rank, waited=True).wait()
         check(np.array_equal(got, expected(size)), f"waited step {step}")
+        if step % 6 == 1:  # the blocking forms of the others say waited too
+            data = [np.full(5, float(rank + 1), np.float32) for _ in range(2)]
+            for got in [h.wait() for h in collectives.grouped_allreduce_async(
+                    data, [None, None], ["waited.g0", "waited.g1"], ReduceOp.SUM,
+                    waited=True)]:
+                check(np.array_equal(got, np.full(5, size * (size + 1) / 2, np.float32)),
+                      f"waited grouped allreduce, step {step}")
+            (got,) = [h.wait() for h in collectives.grouped_allgather_async(
+                [mine], [None], ["waited.ag"], waited=True)]
+            check(np.array_equal(got, gathered), f"waited allgather, step {step}")
+            got = collectives.broadcast_async(mine, None, 0, "waited.bc", waited=True).wait()
+            check(np.array_equal(got, np.arange(6, dtype=np.float32)),
+                  f"waited broadcast, step {step}")
+            (got,) = [h.wait() for h in collectives.grouped_reducescatter_async(
+                [np.arange(6 * size, dtype=np.float32) + rank], [None], ["waited.rs"],
+                ReduceOp.SUM, waited=True)]
+            check(np.array_equal(got, summed[6 * rank:6 * rank + 6]),
+                  f"waited reducescatter, step {step}")
     elapsed = time.perf_counter() - start
     del alarm._arm
     # Once per half idle period (10 ms) expected; twice that allowed for a loaded machine.

@@ -230,9 +230,13 @@ def broadcast_from_every_root_between_allreduces(rank: int, size: int,
         for root in range(size):
             expected = np.arange(nbytes, dtype=np.uint8) + np.uint8(root * 31 + step)
             buf = expected.copy() if rank == root else np.full(nbytes, 0xEE, np.uint8)
-            backend.bcast(buf, root)
+            # Every other call out of place: the root's bytes also land in its output.
+            out = np.full(nbytes, 0xEE, np.uint8) if rank == root and step % 2 else None
+            backend.bcast(buf, root, out)
             check(np.array_equal(buf, expected),  # the root's: left as it was
                   f"{nbytes} bytes from root {root}: rank {rank} has other bytes")
+            check(out is None or np.array_equal(out, expected),
+                  f"{nbytes} bytes from root {root}: the root's output has other bytes")
             counts = [2 * PIECE_BYTES // 4 + 3]
             ones = [np.full(counts[0], rank + step, np.float32)]
             out = [np.empty(counts[0], np.float32)]

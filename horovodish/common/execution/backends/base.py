@@ -65,7 +65,9 @@ class Backend(ABC):
         """send None: this rank's part is in recv already (in place)."""
         raise NotImplementedError
 
-    def bcast(self, buf: np.ndarray, root: int) -> None:
+    def bcast(self, buf: np.ndarray, root: int, root_out: np.ndarray | None = None) -> None:
+        """buf from root to every rank's buf; root_out (the root's only, out of place):
+        the root leaves buf alone and gets the bytes in root_out."""
         raise NotImplementedError
 
     def alltoallv(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
