@@ -378,7 +378,7 @@ def _grouped_allreduce_into_runtime(tensors: Sequence[torch.Tensor],
             direct=True, waited=waited)
 
     def finish_host(results: list[Any]) -> Any:
-        out = [_back(from_numpy(r), t) for r, t in zip(results, tensors)]
+        out = _owned_results(results, tensors)
         return out[0] if single else out
     return _grouped_allreduce_async(tensors, [None] * len(tensors), name, op,
                                     prescale_factor, postscale_factor,
