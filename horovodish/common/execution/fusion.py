@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..messages import RequestType, Response
+from .cuda import DEVICE_CUDA
 
 
 # A tensor in device memory this large goes alone: NCCL reads it where it is and writes
@@ -26,7 +27,6 @@ from ..messages import RequestType, Response
 # 64 MiB kept in flight were fused in pairs and spent more on the copies than the
 # calls cost (docs/gpu.md).
 DEVICE_UNFUSED_BYTES = 8 << 20
-_DEVICE_MEMORY = "cuda"  # the NCCL path's device string (execution/cuda.py)
 
 
 def plan_fusion(responses: list[Response], threshold: int) -> list[list[Response]]:
@@ -34,7 +34,7 @@ def plan_fusion(responses: list[Response], threshold: int) -> list[list[Response
     open_groups: dict[tuple, tuple[list[Response], int]] = {}
     for response in responses:
         if (response.type != RequestType.ALLREDUCE or response.error is not None
-                or threshold == 0 or (response.device == _DEVICE_MEMORY
+                or threshold == 0 or (response.device == DEVICE_CUDA
                                       and response.nbytes >= DEVICE_UNFUSED_BYTES)):
             groups.append([response])
             continue
