@@ -10,6 +10,16 @@ from multirank import assert_ok, run_ranks
 PATHS = ["core in place", "torch allreduce_", "torch allreduce", "tensorflow allreduce"]
 
 
+def run_bench_module(tmp_path: Path, module: str, argv: list[str], timeout: float) -> str:
+    """``python -m horovodish.bench.<module> argv`` on 2 ranks; its output (exit 0)."""
+    script = tmp_path / f"run_{module}.py"
+    script.write_text(f"import sys\nfrom horovodish.bench import {module}\n"
+                      f"sys.argv[1:] = {argv!r}\n{module}.main()\n")
+    result = run_ranks(script, 2, timeout=timeout)
+    assert_ok(result)
+    return result.stdout
+
+
 def test_bench_writes_table_json_and_plot(tmp_path: Path):
     script = tmp_path / "run_bench.py"
     script.write_text("from horovodish.bench import main\nimport sys\nmain(sys.argv[1:])\n")
@@ -94,16 +104,12 @@ def test_backends_bench_forces_each_backend_and_reports_ratios(tmp_path: Path):
 def test_phases_bench_accounts_for_the_whole_call(tmp_path: Path):
     """python -m horovodish.bench.phases: every phase has a figure, and the top-level
     phases add up to the measured total (the breakdown leaves nothing out)."""
-    script = tmp_path / "run_phases.py"
-    script.write_text("import sys\nfrom horovodish.bench import phases\n"
-                      "sys.argv[1:] = ['--sizes', '4096,65536', '--calls', '40']\n"
-                      "phases.main()\n")
-    result = run_ranks(script, 2, timeout=300)
-    assert_ok(result)
+    stdout = run_bench_module(tmp_path, "phases", ["--sizes", "4096,65536", "--calls", "40"],
+                              timeout=300)
     rows = {line[:24].strip(): [float(v.rstrip("x")) for v in line[24:].split()]
-            for line in result.stdout.splitlines()
+            for line in stdout.splitlines()
             if line[:24].strip() in (*PHASE_NAMES, "total", "MPI_Allreduce")}
-    assert set(rows) == {*PHASE_NAMES, "total", "MPI_Allreduce"}, result.stdout
+    assert set(rows) == {*PHASE_NAMES, "total", "MPI_Allreduce"}, stdout
     for column in range(2):
         top = sum(rows[name][column] for name in TOP_LEVEL)
         assert abs(top - rows["total"][column]) <= 0.2 + 0.01 * rows["total"][column], rows
@@ -121,14 +127,11 @@ def test_eager_bench_times_each_size_both_ways(tmp_path: Path):
     ordinary time and both ratios; sizes beyond every limit are marked as the same path.
     The switch between the two runs every rank's runtime at the same point: a job that
     hung on it would time out here."""
-    script = tmp_path / "run_eager.py"
-    script.write_text("import sys\nfrom horovodish.bench import eager\n"
-                      "eager.main(['--sizes', '4096,262144,4194304', '--rounds', '2'])\n")
-    result = run_ranks(script, 2, timeout=300)
-    assert_ok(result)
-    rows = {int(line.split()[0]): line.split()[1:] for line in result.stdout.splitlines()
+    stdout = run_bench_module(tmp_path, "eager",
+                              ["--sizes", "4096,262144,4194304", "--rounds", "2"], timeout=300)
+    rows = {int(line.split()[0]): line.split()[1:] for line in stdout.splitlines()
             if line.strip() and line.split()[0].isdigit()}
-    assert set(rows) == {4096, 262144, 4194304}, result.stdout
+    assert set(rows) == {4096, 262144, 4194304}, stdout
     for size, cells in rows.items():
         times = [float(v) for v in cells[:3]]
         assert all(t > 0 for t in times), cells
@@ -140,15 +143,11 @@ def test_sharing_bench_times_each_setting_against_writing_alone(tmp_path: Path):
     """python -m horovodish.bench.sharing: a row per setting, each with a positive time
     and its ratio to writing alone (1.0 for alone itself); what the ratios are is the
     machine's business."""
-    script = tmp_path / "run_sharing.py"
-    script.write_text("import sys\nfrom horovodish.bench import sharing\n"
-                      "sys.argv[1:] = ['--bytes', '65536', '--repeats', '5']\n"
-                      "sharing.main()\n")
-    result = run_ranks(script, 2, timeout=120)
-    assert_ok(result)
-    rows = [line for line in result.stdout.splitlines() if "x alone)" in line]
+    stdout = run_bench_module(tmp_path, "sharing", ["--bytes", "65536", "--repeats", "5"],
+                              timeout=120)
+    rows = [line for line in stdout.splitlines() if "x alone)" in line]
     assert [line[:38].strip() for line in rows] == [
-        "alone", "after rank 1 read it", "after rank 1 read it, then 2 MiB"], result.stdout
+        "alone", "after rank 1 read it", "after rank 1 read it, then 2 MiB"], stdout
     for line in rows:
         time_us, ratio = line[38:].split()[:2]
         assert float(time_us) > 0 and float(ratio.strip("(x")) > 0, line
