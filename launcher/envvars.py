@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Mapping
 
 PREFIXES = ("HOROVODISH_", "HOROVOD_")
 
@@ -14,6 +15,14 @@ PREFIXES = ("HOROVODISH_", "HOROVOD_")
 def _number(value: float) -> str:
     """``2.0`` -> ``"2"`` (so int() parsers accept it), ``2.5`` -> ``"2.5"``."""
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def rank_defaults(environ: Mapping[str, str]) -> dict[str, str]:
+    """What the ranks get unless the caller set it: PyTorch's switch for transparent huge
+    pages on CPU tensors of 2 MiB and more (read at the first one). horovodish.torch sets
+    it as well, for jobs started with plain mpirun; here it also covers a script that
+    allocates large tensors before that import (docs/tuning.md, "Huge pages")."""
+    return {} if "THP_MEM_ALLOC_ENABLE" in environ else {"THP_MEM_ALLOC_ENABLE": "1"}
 
 
 def config_env(args: argparse.Namespace) -> dict[str, str]:

@@ -52,7 +52,7 @@ from . import elastic
 from . import mpirun as mpirun_mod
 from .cli import parse_args
 from .command import build_command, child_env
-from .envvars import config_env
+from .envvars import config_env, rank_defaults
 from .hosts import hostfile_for
 from .process import run_job
 from .remote import Remote, check_hosts, mpirun_args, rank_env, remote_hosts, uses_ssh
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     remote = Remote(args.ssh_port, args.ssh_identity_file, args.start_timeout,
                     args.network_interface or ())
     if args.elastic:  # hosts may change between starts: the elastic loop checks each
-        config = {**config_env(args), **rank_env(remote)}
+        config = {**rank_defaults(os.environ), **config_env(args), **rank_env(remote)}
         extra_args, mpirun_env = mpirun_args(remote, runner.flavour, True)
         for name, value in mpirun_env.items():
             if os.environ.get(name):
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hostfile_hosts is not None:
         hostfile, temporary = hostfile_for(args.hostfile, args.hostfile_hosts, runner.flavour)
     try:
-        config = {**config_env(args), **rank_env(remote)}
+        config = {**rank_defaults(os.environ), **config_env(args), **rank_env(remote)}
         extra_args, mpirun_env = mpirun_args(remote, runner.flavour, bool(others))
         for name, value in mpirun_env.items():
             if os.environ.get(name):  # the caller's own options after ours

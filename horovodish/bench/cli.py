@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
         from .collectives import SIZES as OTHER_SIZES
         from .collectives import collectives
         figures["collectives"] = collectives(
-            comm, [s for s in OTHER_SIZES if s <= args.max_bytes], args.rounds)
+            comm, [s for s in OTHER_SIZES if s <= args.max_bytes], args.rounds,
+            tensorflow="tensorflow allreduce" in paths)
     if not args.no_training and "torch allreduce" in paths:
         from .training import training_step
         figures["training"] = training_step(comm, rounds=args.rounds + 2)

@@ -1,6 +1,7 @@
-"""The other collectives users call through torch, in place and out of place, each next
-to MPI's own call on numpy buffers in the same run: broadcast, grouped allreduce,
-allgather and reducescatter (issue 21: every public path, not only allreduce)."""
+"""The other collectives users call through torch, in place and out of place, and through
+TensorFlow, each next to MPI's own call on numpy buffers in the same run: broadcast,
+grouped allreduce, allgather and reducescatter (issue 21: every public path, not only
+allreduce)."""
 from __future__ import annotations
 
 import statistics
@@ -19,7 +20,35 @@ GROUP = 8  # tensors of a grouped allreduce (the size is the group's)
 Factory = Callable[[int, str], Contender]
 
 
-def _ops(comm: MPI.Comm) -> dict[str, tuple[Factory, list[tuple[str, Factory]]]]:
+def _tensorflow_paths() -> dict[str, tuple[str, Factory]]:
+    """op -> (path, factory): TensorFlow's out-of-place calls (it has no in-place ones)."""
+    import tensorflow as tf
+
+    from .. import tensorflow as hvd
+
+    def broadcast(nbytes: int, name: str) -> Contender:
+        tensor = tf.zeros([nbytes // 4])
+        return lambda: hvd.broadcast(tensor, 0, name=name)
+
+    def grouped(nbytes: int, name: str) -> Contender:
+        tensors = [tf.zeros([max(1, nbytes // 4 // GROUP)]) for _ in range(GROUP)]
+        return lambda: hvd.grouped_allreduce(tensors, name=name, op=hvd.Sum)
+
+    def allgather(nbytes: int, name: str) -> Contender:
+        tensor = tf.zeros([nbytes // 4])
+        return lambda: hvd.allgather(tensor, name=name)
+
+    def reducescatter(nbytes: int, name: str) -> Contender:
+        tensor = tf.zeros([nbytes // 4 // hvd.size() * hvd.size()])
+        return lambda: hvd.reducescatter(tensor, name=name, op=hvd.Sum)
+    return {"broadcast": ("tf broadcast", broadcast),
+            f"grouped allreduce of {GROUP}": ("tf grouped_allreduce", grouped),
+            "allgather": ("tf allgather", allgather),
+            "reducescatter": ("tf reducescatter", reducescatter)}
+
+
+def _ops(comm: MPI.Comm, tensorflow: bool
+         ) -> dict[str, tuple[Factory, list[tuple[str, Factory]]]]:
     import torch
 
     from .. import torch as hvd
@@ -63,7 +92,7 @@ def _ops(comm: MPI.Comm) -> dict[str, tuple[Factory, list[tuple[str, Factory]]]]
     def reducescatter(nbytes: int, name: str) -> Contender:
         tensor = torch.zeros(nbytes // 4 // size * size)
         return lambda: hvd.reducescatter(tensor, name=name, op=hvd.Sum)
-    return {
+    ops = {
         "broadcast": (mpi_bcast, [("broadcast_", broadcast(True)),
                                   ("broadcast", broadcast(False))]),
         f"grouped allreduce of {GROUP}": (mpi_allreduce, [
@@ -71,15 +100,21 @@ def _ops(comm: MPI.Comm) -> dict[str, tuple[Factory, list[tuple[str, Factory]]]]
         "allgather": (mpi_allgather, [("allgather", allgather)]),
         "reducescatter": (mpi_reducescatter, [("reducescatter", reducescatter)]),
     }
+    if tensorflow:
+        for op, path in _tensorflow_paths().items():
+            ops[op][1].append(path)
+    return ops
 
 
-def collectives(comm: MPI.Comm, sizes: list[int], rounds: int = 3) -> list[dict]:
+def collectives(comm: MPI.Comm, sizes: list[int], rounds: int = 3,
+                tensorflow: bool = False) -> list[dict]:
     """Per op and size (bytes a rank sends: the allgather's input, the reducescatter's
     input, the group's total): seconds per call of each path and of MPI (medians over
     alternating rounds), each path's ratio to MPI (MPI's time over the path's), and,
-    for ops with both forms, the in-place path's time over the out-of-place one's."""
+    for ops with both forms, the in-place path's time over the out-of-place one's.
+    tensorflow: TensorFlow's calls too (every rank must say the same)."""
     rows = []
-    for op, (baseline, paths) in _ops(comm).items():
+    for op, (baseline, paths) in _ops(comm, tensorflow).items():
         for nbytes in sizes:
             contenders = {path: make(nbytes, f"bench.{path}.{nbytes}")
                           for path, make in paths}
@@ -100,8 +135,9 @@ def collectives(comm: MPI.Comm, sizes: list[int], rounds: int = 3) -> list[dict]
 
 
 def print_rows(rows: list[dict]) -> None:
-    print("\nother collectives through torch (time in us, ratio to MPI's own call on numpy "
-          "buffers; in/out: the in-place form's time over the out-of-place one's)")
+    print("\nother collectives through torch and TensorFlow (tf) (time in us, ratio to MPI's "
+          "own call on numpy buffers; in/out: torch's in-place form's time over its "
+          "out-of-place one's)")
     for row in rows:
         cells = "  ".join(f"{path} {v['seconds'] * 1e6:.1f} ({v['ratio_to_mpi']:.2f}x)"
                           for path, v in row["paths"].items())

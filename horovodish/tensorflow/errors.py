@@ -20,7 +20,7 @@ catch those types, so ours match:
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import tensorflow as tf
 
@@ -46,6 +46,15 @@ class HorovodInvalidTypeError(tf.errors.InvalidArgumentError, TypeError):
 
     def __init__(self, message: str) -> None:
         super().__init__(None, None, message)
+
+
+def raise_eager(exc: BaseException) -> NoReturn:
+    """Raise what an eager call raises for exc (eager_error): exc itself, or Horovod's
+    type from None, so the traceback ends in the user's call."""
+    translated = eager_error(exc)
+    if translated is exc:
+        raise exc
+    raise translated from None
 
 
 def eager_error(exc: BaseException) -> BaseException:

@@ -27,8 +27,21 @@ from ..common.messages import resolve_op as _resolve_op
 
 Grads = Callable[[list[tf.Tensor], list[tf.Tensor]], list[Any]]
 
-# Public entry points are plain Python to AutoGraph: it would only slow tracing down.
-public = tf.autograph.experimental.do_not_convert
+def public(function: Callable) -> Callable:
+    """A public entry point is plain Python to AutoGraph, which would only slow tracing
+    down. Marked as AutoGraph's own, AutoGraph calls it as it is, where do_not_convert's
+    wrapper cost 1 us on every eager call too."""
+    try:
+        from tensorflow.python.autograph.impl.api import autograph_artifact
+    except ImportError:  # pragma: no cover - a TensorFlow without it
+        return tf.autograph.experimental.do_not_convert(function)
+    return autograph_artifact(function)
+
+
+try:  # not type(tf.constant(0)): a tensor at import would fix TF's thread settings
+    from tensorflow.python.framework.ops import EagerTensor as _EAGER
+except ImportError:  # pragma: no cover - a TensorFlow that moved it: no short path
+    _EAGER = None
 
 
 def _tensors(values: Sequence[Any], opname: str) -> list[tf.Tensor]:
@@ -142,6 +155,14 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
             _refuse_sparse_scaling(prescale_factor, postscale_factor, name)
         return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name,
                                  process_set)
+    if type(tensor) is _EAGER and compression is Compression.none and \
+            tf.executing_eagerly() and (not tensor.dtype.is_floating or not _could_record()):
+        # What _allreduce would do here (no tape to record a gradient for), without its
+        # layers (ops.allreduce_eager). Not for an eager tensor a tf.function captures.
+        ops.check_dtype(tensor, "allreduce")
+        return ops.allreduce_eager(tensor, op_names(name, (tensor,), "allreduce",
+                                                    process_set)[0],
+                                   op, prescale_factor, postscale_factor, process_set)
     compressed, ctx = compression.compress(_tensors([tensor], "allreduce")[0])
     reduced = _allreduce([compressed], op, prescale_factor, postscale_factor,
                          op_names(name, [compressed], "allreduce", process_set), process_set)

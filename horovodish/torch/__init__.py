@@ -4,6 +4,15 @@
     hvd.init()
     total = hvd.allreduce(torch.ones(3), op=hvd.Sum)   # == size() * ones on every rank
 """
+import os as _os
+
+# PyTorch's own switch for transparent huge pages on CPU tensors of 2 MiB and more, read
+# at the first such allocation (so set before any): on memory without huge pages, MPI's
+# transfers and our copies ran far slower than on numpy's, which asks for them itself
+# (a 64 MiB allreduce: 17.8 against 13.0 ms; docs/tuning.md, "Huge pages").
+# THP_MEM_ALLOC_ENABLE=0 keeps PyTorch's default.
+_os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
 from ..common.api import *  # noqa: F401,F403  (the names every adapter shares)
 from . import elastic
 from .compression import Compression

@@ -53,8 +53,9 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
         assert row["bytes"] == 4 << 10 and row["mpi_s"] > 0
         for values in row["paths"].values():
             assert abs(values["ratio_to_mpi"] - row["mpi_s"] / values["seconds"]) < 1e-9
+        assert sum(path.startswith("tf ") for path in row["paths"]) == 1, row["paths"]
         if row["op"] in ("broadcast", "grouped allreduce of 8"):
-            (in_place, out_of_place) = row["paths"]
+            (in_place, out_of_place, _) = row["paths"]
             assert abs(row["in_place_over_out_of_place"] - row["paths"][in_place]["seconds"]
                        / row["paths"][out_of_place]["seconds"]) < 1e-9
     assert "other collectives through torch" in result.stdout

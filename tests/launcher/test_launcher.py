@@ -295,9 +295,11 @@ def test_verbose_prints_command_and_exit_code_mapping(monkeypatch, capsys):
         return exit_code(-signal.SIGKILL)
 
     monkeypatch.setattr(run_mod, "run_job", fake_run_job)
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)  # the ranks get it then
     rc = run_mod.main(["-np", "2", "--verbose", "--autotune", "python", "a b.py"])
     assert rc == 128 + signal.SIGKILL
-    expected = ["/m/mpirun", "-np", "2", "-genv", "HOROVODISH_AUTOTUNE", "1", "python", "a b.py"]
+    expected = ["/m/mpirun", "-np", "2", "-genv", "THP_MEM_ALLOC_ENABLE", "1",
+                "-genv", "HOROVODISH_AUTOTUNE", "1", "python", "a b.py"]
     assert seen["argv"] == expected and seen["env"]["HOROVODISH_AUTOTUNE"] == "1"
     assert capsys.readouterr().err.strip() == shlex.join(expected)
 

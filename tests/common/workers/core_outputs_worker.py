@@ -49,8 +49,33 @@ def strided_output_fused_with_a_runtime_owned_one(rank: int, size: int) -> None:
     close(strided, want, "strided output")
 
 
+def broadcast_from_every_root(rank: int, size: int) -> None:
+    """In place, into a given output, and into a runtime-owned one, from every root, at
+    sizes from empty to several MiB (MPI's large transfers and the root's overlapped
+    copy), each followed by an allreduce: every rank gets the root's values, and an
+    out-of-place root's input is left as it was."""
+    for count in (0, 3, 16 << 10, (3 << 20) + 5):
+        for root in range(size):
+            want = np.arange(count, dtype=np.float32) + root * 7
+            for form in ("in place", "given", "owned"):
+                mine = want.copy() if rank == root else np.full(count, -1.0, np.float32)
+                output = {"in place": mine, "given": np.full(count, -2.0, np.float32),
+                          "owned": None}[form]
+                name = f"bcast.{count}.{root}.{form}"
+                got = collectives.broadcast_async(mine, output, root, name).wait()
+                close(got, want, f"{name}: the result")
+                if form != "in place":
+                    close(mine, want if rank == root else np.full(count, -1.0, np.float32),
+                          f"{name}: the input, out of place")
+                ones = np.ones(1000, np.float32)
+                close(collectives.allreduce_async(ones, ones, f"after.{name}",
+                                                  ReduceOp.SUM).wait(),
+                      np.full(1000, size, np.float32), f"the allreduce after {name}")
+
+
 if __name__ == "__main__":
     api.init()
     run_checks([mismatched_outputs_raise_at_submit, strided_output_alone,
-                strided_output_fused_with_a_runtime_owned_one], api.rank(), api.size())
+                strided_output_fused_with_a_runtime_owned_one, broadcast_from_every_root],
+               api.rank(), api.size())
     api.shutdown()

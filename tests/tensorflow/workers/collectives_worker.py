@@ -460,6 +460,47 @@ def process_set(rank: int, size: int) -> None:
     hvd.remove_process_set(pair)
 
 
+def results_kept_across_calls(rank: int, size: int) -> None:
+    """Outputs are reused from call to call (outputs.py): results a caller keeps must
+    keep their values while later calls of the same sizes run, eagerly (allreduce alone,
+    grouped, allgather, broadcast, reducescatter) and in tf.function. An eager tensor a
+    tf.function captures is reduced when the function runs, not when it is traced."""
+    def inputs(step: int) -> list[tf.Tensor]:
+        return [tf.constant(data(r, f"kept.{step}", (2 * size, 300), "float32"))
+                for r in range(size)]
+
+    kept, want = [], []
+    for step in range(6):
+        every = inputs(step)
+        mine = every[rank]
+        kept.append([hvd.allreduce(mine, op=hvd.Sum, name=f"kept.ar.{step % 2}"),
+                     *hvd.grouped_allreduce([mine, mine * 2], op=hvd.Sum,
+                                            name=f"kept.gr.{step % 2}"),
+                     hvd.allgather(mine, name=f"kept.ag.{step % 2}"),
+                     hvd.broadcast(mine, step % size, name=f"kept.bc.{step % 2}"),
+                     hvd.reducescatter(mine, op=hvd.Sum, name=f"kept.rs.{step % 2}")])
+        total = sum(np.asarray(x, np.float64) for x in every)
+        want.append([total, total, 2 * total, np.concatenate(every),
+                     every[step % size].numpy(), total[2 * rank:2 * rank + 2]])
+        for _ in range(3):  # results dropped at once: their blocks are taken again
+            hvd.allreduce(mine * 0, op=hvd.Sum, name="kept.dropped")
+    labels = ["allreduce", "grouped 0", "grouped 1", "allgather", "broadcast", "reducescatter"]
+    for step, (got, expected) in enumerate(zip(kept, want)):
+        for label, tensor, value in zip(labels, got, expected):
+            close(f64(tensor.numpy()), value, f"{label} of step {step}, kept", FLOAT_TOL["float32"])
+
+    captured = tf.constant(np.full(5, rank + 1.0, np.float32))
+    reduce_captured = tf.function(lambda: hvd.allreduce(captured, op=hvd.Sum, name="captured"))
+    graph = reduce_captured.get_concrete_function().graph
+    check(any(op.type == "EagerPyFunc" for op in graph.get_operations()),
+          "an eager tensor captured by tf.function: no collective op in the graph")
+    close(reduce_captured().numpy(), np.full(5, size * (size + 1) / 2), "captured tensor")
+    from tensorflow.python.autograph.impl.api import is_autograph_artifact
+    check(all(is_autograph_artifact(f) for f in (hvd.allreduce, hvd.allgather,
+                                                 hvd.broadcast, hvd.reducescatter)),
+          "AutoGraph's converted_call would convert the public collectives")
+
+
 def use_before_init(rank: int, size: int) -> None:
     """Before init() the calls say to call it; then init() (rank and size are MPI's)."""
     expect_error(hvd.rank, ValueError, "init()", what="rank() before init")
@@ -474,4 +515,5 @@ if __name__ == "__main__":
     quiet_tensorflow()
     run_checks([use_before_init, collectives, gradients, eager_tape_over_tf_function,
                 second_order, mismatch, sparse_and_compression, variables_and_objects,
-                process_set], MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+                process_set, results_kept_across_calls], MPI.COMM_WORLD.Get_rank(),
+               MPI.COMM_WORLD.Get_size())

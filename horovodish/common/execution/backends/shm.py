@@ -1,4 +1,4 @@
-"""Allreduce (and broadcast) through memory shared by the ranks of one host.
+"""Allreduce through memory shared by the ranks of one host.
 
 Every rank owns a segment of an MPI shared-memory window (MPI_Win_allocate_shared) that
 all ranks on the host can read. A fused allreduce then needs no messages at all:
@@ -52,10 +52,12 @@ TURNS = 4
 _FLAG_BYTES = 8
 # Smaller allreduces go to MPI: two barriers cost more than MPI's own small-message path.
 SHM_THRESHOLD = 64 << 10
-# Collectives that only move bytes, which the segments also carry. Not allgather: it
-# would copy each rank's part in and every part out, a copy more than MPI's, and lost
-# to MPI's allgather at 4 and 16 MiB in one job (879 against 432 us at 4 MiB).
-_MOVING = frozenset({RequestType.BROADCAST})
+# Only allreduce: collectives that only move bytes go to MPI, whose large transfers
+# are a single copy (the reader reads the sender's memory, CMA), with no line written
+# that the other core has just read. Through the segments, a broadcast ran 3 to 4 times
+# slower than MPI's when the two cores do not share an L3 (16 MiB: 5.1-5.5 against
+# 1.8 ms; 1 MiB: 350-420 against 95 us), and an allgather lost to MPI's too
+# (docs/tuning.md, "Broadcast back to MPI").
 
 
 class SharedMemoryBackend(Backend):
@@ -141,54 +143,10 @@ class SharedMemoryBackend(Backend):
         memory most (MPI's transfers slow down on memory without huge pages; these
         copies do not). Larger single tensors go to the ring: in some jobs this path ran
         3x slower from 16 MiB on, for the whole job (figures: docs/tuning.md)."""
-        if self._window is None:
-            return False
-        if kind in _MOVING:  # no arithmetic: from the threshold on, whatever the size
-            return self.mode == "shm" or (self.mode is None and nbytes >= self.threshold)
-        if kind != RequestType.ALLREDUCE:
+        if self._window is None or kind != RequestType.ALLREDUCE:
             return False
         return self.mode == "shm" or (self.mode is None and nbytes >= self.threshold and (
             tensors > 1 or nbytes < self.single_below))
-
-    # -- broadcast: bytes through the root's segment, a meeting a piece -----------------
-    # One meeting a piece is enough: a rank writes a part of its segment again only
-    # ``turns`` pieces later, after meetings that every reader of the earlier piece
-    # reached once done with it (turns >= 2). The turns go on across calls.
-    def bcast(self, buf: np.ndarray, root: int, root_out: np.ndarray | None = None) -> None:
-        """The root's bytes into its segment, a piece at a time; the others copy them
-        out. Plain copies, which keep their speed on memory without huge pages (torch's),
-        where MPICH's transfers run at a third of it here (docs/tuning.md). Out of place,
-        the root copies buf into root_out at the end. (Copying each piece into it from
-        the segment right after the meeting, with the piece still in cache, was slower:
-        2.1 against 1.8 ms for 16 MiB. A copy this large is bound by memory bandwidth,
-        about 1 ms here, so the root's second copy doubles an out-of-place broadcast.)"""
-        flat = buf.reshape(-1).view(np.uint8)
-        mine = self.rank == root
-        source = self._segments[root]
-
-        def piece(part: int, low: int, high: int) -> None:
-            if mine:
-                source[part:part + high - low] = flat[low:high]
-                self._meet()
-            else:
-                self._meet()
-                flat[low:high] = source[part:part + high - low]
-        self._by_pieces(flat.size, piece)
-        if mine and root_out is not None:
-            np.copyto(root_out.reshape(-1).view(np.uint8), flat)
-
-    def _by_pieces(self, nbytes: int, piece) -> None:
-        """piece(part, low, high) for each piece_bytes of nbytes, on the next part."""
-        for low in range(0, nbytes, self.piece_bytes):
-            self._pieces += 1
-            piece((self._pieces % self.turns) * self.piece_bytes, low,
-                  min(low + self.piece_bytes, nbytes))
-
-    def _meet(self) -> None:
-        """Every rank's writes so far are seen by every rank after this."""
-        self._window.Sync()
-        self._barrier.meet()
-        self._window.Sync()
 
     def allreduce_group(self, group: AllreduceGroup) -> list:
         """Inputs packed straight into shared memory, results copied straight out: no
