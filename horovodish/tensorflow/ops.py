@@ -57,7 +57,8 @@ def _require_xla_free(opname: str) -> None:
 
 def wait_all(handles: Sequence[Handle]) -> list[Any]:
     """Wait for every handle before raising the first error, so that no name is still in
-    flight when the caller retries or moves on."""
+    flight when the caller retries or moves on. (Every op here waits at once, so each
+    submits with ``waited``: the runtime thread arms no timer for it.)"""
     results, error = [], None
     for handle in handles:
         try:
@@ -183,7 +184,7 @@ def allreduce(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, presca
         for group in groups:
             handles += core.grouped_allreduce_async(
                 [arrays[i] for i in group], [outs[i] for i in group], [names[i] for i in group],
-                op, prescale, postscale, "cpu", process_set)
+                op, prescale, postscale, "cpu", process_set, waited=True)
         wait_all(handles)
         return outs
 
@@ -218,7 +219,7 @@ def allgather(tensors: Sequence[Any], names: Sequence[str],
     def body(*arrays: np.ndarray) -> list[np.ndarray]:
         allocators = [lambda shape, dtype=a.dtype: empty(shape, dtype) for a in arrays]
         return wait_all(core.grouped_allgather_async(arrays, allocators, names, "cpu",
-                                                     process_set))
+                                                     process_set, waited=True))
 
     outs = run(body, tensors, [t.dtype for t in tensors], "allgather")
     return _set_shapes(outs, lambda: [tf.TensorShape([None]).concatenate(t.shape[1:])
@@ -233,7 +234,7 @@ def broadcast(tensors: Sequence[Any], names: Sequence[str], root_rank: int,
 
     def body(*arrays: np.ndarray) -> list[np.ndarray]:
         return wait_all([core.broadcast_async(a, empty(a.shape, a.dtype), root_rank, name,
-                                              "cpu", process_set)
+                                              "cpu", process_set, waited=True)
                          for a, name in zip(arrays, names)])
 
     outs = run(body, tensors, [t.dtype for t in tensors], "broadcast")
@@ -281,7 +282,7 @@ def reducescatter(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, pr
         outs = empty_many([core.reducescatter_shape(a.shape, rank, size) for a in arrays],
                           [a.dtype for a in arrays])
         wait_all(core.grouped_reducescatter_async(arrays, outs, names, op, prescale, postscale,
-                                                  "cpu", process_set))
+                                                  "cpu", process_set, waited=True))
         return outs
 
     def static_shape(shape: tf.TensorShape) -> Any:
