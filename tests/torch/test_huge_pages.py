@@ -20,15 +20,14 @@ import os, re
 import horovodish.torch
 import torch
 tensor = torch.ones(4 << 20)
-address = tensor.data_ptr()
-huge = 0
-for block in open("/proc/self/smaps").read().split("\\nVmFlags")[:-1]:
-    head = block.strip().splitlines()
-    ranges = [line.split()[0] for line in head if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line)]
-    if ranges:
-        low, high = (int(x, 16) for x in ranges[-1].split("-"))
-        if low <= address < high:
-            huge = int(re.search(r"AnonHugePages:\\s+(\\d+)", block).group(1))
+low, high = tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes
+huge, inside = 0, False
+for line in open("/proc/self/smaps"):  # madvise splits a mapping: sum every part
+    mapping = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+    if mapping:
+        inside = int(mapping.group(1), 16) < high and low < int(mapping.group(2), 16)
+    elif inside and line.startswith("AnonHugePages:"):
+        huge += int(line.split()[1])
 print(huge, os.environ.get("THP_MEM_ALLOC_ENABLE"))
 """
 
