@@ -69,12 +69,13 @@ def _differentiable(forward: Callable[[list[tf.Tensor]], list[tf.Tensor]], backw
     Each backward is built from these differentiable collectives in turn, not from the
     raw ops: an outer tape then differentiates the gradient too (a raw op's result is a
     constant to the tape, and second-order gradients came out silently wrong)."""
-    if not any(t.dtype.is_floating for t in tensors):
-        return forward(tensors)  # nothing to differentiate; skip the tape bookkeeping
     if tf.executing_eagerly() and not _could_record():
         # No tape or forward accumulator is active: nothing can ask for this gradient,
         # and tf.custom_gradient's bookkeeping was 3/4 of a small eager allreduce.
+        # (Checked first: two calls, where the check below reads every tensor's dtype.)
         return forward(tensors)
+    if not any(t.dtype.is_floating for t in tensors):
+        return forward(tensors)  # nothing to differentiate; skip the tape bookkeeping
 
     @tf.custom_gradient
     def apply(*xs: tf.Tensor) -> Any:
@@ -179,10 +180,17 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
     """Reduce several tensors in one submission, so they fuse into few collectives."""
     op = _resolve_op(average, op)
     process_set = core.resolve(process_set)
-    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    # An eager tensor's exact type first: isinstance against IndexedSlices goes through
+    # ABC machinery, twice per tensor of a gradient list.
+    sparse = [type(t) is not _EAGER and isinstance(t, tf.IndexedSlices) for t in tensors]
+    if not any(sparse) and compression is Compression.none:  # the common case, one pass
+        return _allreduce(_tensors(tensors, "grouped_allreduce"), op, prescale_factor,
+                          postscale_factor, op_names(name, tensors, "allreduce", process_set),
+                          process_set)
+    dense = [i for i, is_sparse in enumerate(sparse) if not is_sparse]
     results: list[Any] = list(tensors)
     for i, tensor in enumerate(tensors):
-        if isinstance(tensor, tf.IndexedSlices):
+        if sparse[i]:
             if op in (Sum, Average):
                 _refuse_sparse_scaling(prescale_factor, postscale_factor, name)
             results[i] = _sparse_allreduce(tensor, op, prescale_factor, postscale_factor,
