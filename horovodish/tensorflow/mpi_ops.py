@@ -151,11 +151,6 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     (``ignore_name_scope``, here and below: names never take the name scope anyway.)"""
     op = _resolve_op(average, op)
     process_set = core.resolve(process_set)
-    if isinstance(tensor, tf.IndexedSlices):
-        if op in (Sum, Average):
-            _refuse_sparse_scaling(prescale_factor, postscale_factor, name)
-        return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name,
-                                 process_set)
     if type(tensor) is _EAGER and compression is Compression.none and \
             tf.executing_eagerly() and (not tensor.dtype.is_floating or not _could_record()):
         # What _allreduce would do here (no tape to record a gradient for), without its
@@ -164,6 +159,11 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
         return ops.allreduce_eager(tensor, op_names(name, (tensor,), "allreduce",
                                                     process_set)[0],
                                    op, prescale_factor, postscale_factor, process_set)
+    if isinstance(tensor, tf.IndexedSlices):
+        if op in (Sum, Average):
+            _refuse_sparse_scaling(prescale_factor, postscale_factor, name)
+        return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name,
+                                 process_set)
     compressed, ctx = compression.compress(_tensors([tensor], "allreduce")[0])
     reduced = _allreduce([compressed], op, prescale_factor, postscale_factor,
                          op_names(name, [compressed], "allreduce", process_set), process_set)
