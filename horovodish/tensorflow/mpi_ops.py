@@ -44,6 +44,18 @@ except ImportError:  # pragma: no cover - a TensorFlow that moved it: no short p
     _EAGER = None
 
 
+def _eager_alone(tensor: Any, opname: str) -> bool:
+    """An eager tensor in eager code, with no tape or accumulator that could ask for its
+    gradient: a single-tensor call then does what _differentiable would, through ops'
+    short paths (``ops.eager_one``), without the layers. Not for an eager tensor a
+    tf.function captures (the code is not eager there). Checks the dtype, as _tensors."""
+    if type(tensor) is not _EAGER or not tf.executing_eagerly() or \
+            (tensor.dtype.is_floating and _could_record()):
+        return False
+    ops.check_dtype(tensor, opname)
+    return True
+
+
 def _tensors(values: Sequence[Any], opname: str) -> list[tf.Tensor]:
     tensors = [v if isinstance(v, tf.Tensor) else tf.convert_to_tensor(v) for v in values]
     for tensor in tensors:
@@ -151,11 +163,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     (``ignore_name_scope``, here and below: names never take the name scope anyway.)"""
     op = _resolve_op(average, op)
     process_set = core.resolve(process_set)
-    if type(tensor) is _EAGER and compression is Compression.none and \
-            tf.executing_eagerly() and (not tensor.dtype.is_floating or not _could_record()):
-        # What _allreduce would do here (no tape to record a gradient for), without its
-        # layers (ops.allreduce_eager). Not for an eager tensor a tf.function captures.
-        ops.check_dtype(tensor, "allreduce")
+    if compression is Compression.none and _eager_alone(tensor, "allreduce"):
         return ops.allreduce_eager(tensor, op_names(name, (tensor,), "allreduce",
                                                     process_set)[0],
                                    op, prescale_factor, postscale_factor, process_set)
@@ -231,6 +239,10 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
 def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Concatenate every rank's tensor along the first dimension (sizes may differ)."""
+    if _eager_alone(tensor, "allgather"):
+        process_set = core.resolve(process_set)
+        return ops.allgather_eager(tensor, op_names(name, (tensor,), "allgather",
+                                                    process_set)[0], process_set)
     return grouped_allgather([tensor], name, process_set)[0]
 
 
@@ -258,6 +270,9 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """root_rank's tensor on every rank (root_rank is a world rank)."""
     process_set = core.resolve(process_set)
+    if _eager_alone(tensor, "broadcast"):
+        return ops.broadcast_eager(tensor, op_names(name, (tensor,), "broadcast",
+                                                    process_set)[0], root_rank, process_set)
     tensors = _tensors([tensor], "broadcast")
     return _broadcast(tensors, root_rank, op_names(name, tensors, "broadcast", process_set),
                       process_set)[0]
@@ -340,6 +355,11 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compre
                   op: ReduceOp = Average, name: str | None = None,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0, ignore_name_scope: bool = False) -> tf.Tensor:
+    if compression is Compression.none and _eager_alone(tensor, "reducescatter"):
+        process_set = core.resolve(process_set)
+        return ops.reducescatter_eager(
+            tensor, op_names(name, (tensor,), "reducescatter", process_set)[0], ReduceOp(op),
+            prescale_factor, postscale_factor, process_set)
     return grouped_reducescatter([tensor], device_dense, compression, op, process_set,
                                  prescale_factor, postscale_factor, name)[0]
 

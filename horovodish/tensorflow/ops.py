@@ -192,19 +192,53 @@ def allreduce(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, presca
     return _set_shapes(outs, lambda: [t.shape for t in tensors])
 
 
-def allreduce_eager(tensor: tf.Tensor, name: str, op: ReduceOp, prescale: float,
-                    postscale: float, process_set: ProcessSet) -> tf.Tensor:
-    """allreduce of one eager tensor, without the group and graph machinery: the call
-    scripts make most, where those layers cost about as much as the collective (eager,
-    4 KiB: 44 us a call against torch's 23)."""
+def eager_one(tensor: tf.Tensor, submit: Callable[[np.ndarray], Handle]) -> tf.Tensor:
+    """One eager tensor through submit(its numpy view) -> a handle whose result is an
+    output from empty(), without run's group and graph layers: for the single-tensor
+    calls scripts make most, where those layers cost about as much as the collective
+    (eager allreduce of 4 KiB: 44 us a call against torch's 23)."""
     array = _host_view(tensor)
-    out = _OUTPUTS.one(array.shape, array.dtype)
     try:
-        interrupts.wait(core.allreduce_async(array, out, name, op, prescale, postscale,
-                                             "cpu", process_set, waited=True))
+        out = interrupts.wait(submit(array))
     except Exception as exc:
         errors.raise_eager(exc)
     return to_tensor(out, aligned=True)
+
+
+def allreduce_eager(tensor: tf.Tensor, name: str, op: ReduceOp, prescale: float,
+                    postscale: float, process_set: ProcessSet) -> tf.Tensor:
+    return eager_one(tensor, lambda array: core.allreduce_async(
+        array, empty(array.shape, array.dtype), name, op, prescale, postscale, "cpu",
+        process_set, waited=True))
+
+
+def broadcast_eager(tensor: tf.Tensor, name: str, root_rank: int,
+                    process_set: ProcessSet) -> tf.Tensor:
+    return eager_one(tensor, lambda array: core.broadcast_async(
+        array, empty(array.shape, array.dtype), root_rank, name, "cpu", process_set,
+        waited=True))
+
+
+def allgather_eager(tensor: tf.Tensor, name: str, process_set: ProcessSet) -> tf.Tensor:
+    _require_rows(tensor, name, "allgather", "gather along")
+    return eager_one(tensor, lambda array: core.grouped_allgather_async(
+        [array], [lambda shape: empty(shape, array.dtype)], [name], "cpu", process_set,
+        waited=True)[0])
+
+
+def reducescatter_eager(tensor: tf.Tensor, name: str, op: ReduceOp, prescale: float,
+                        postscale: float, process_set: ProcessSet) -> tf.Tensor:
+    _require_rows(tensor, name, "reducescatter", "scatter along")
+    rank, size = process_set.rank(), process_set.size()
+    return eager_one(tensor, lambda array: core.grouped_reducescatter_async(
+        [array], [empty(core.reducescatter_shape(array.shape, rank, size), array.dtype)],
+        [name], op, prescale, postscale, "cpu", process_set, waited=True)[0])
+
+
+def _require_rows(tensor: Any, name: str, opname: str, verb: str) -> None:
+    if tensor.shape.rank == 0:
+        raise ValueError(f"{opname} of tensor '{name}': a 0-dim tensor has no first "
+                         f"dimension to {verb}; reshape it to (1,).")
 
 
 def allgather(tensors: Sequence[Any], names: Sequence[str],
@@ -212,9 +246,7 @@ def allgather(tensors: Sequence[Any], names: Sequence[str],
     if not tensors:
         return []
     for tensor in tensors:
-        if tensor.shape.rank == 0:
-            raise ValueError(f"allgather of tensor '{names[0]}': a 0-dim tensor has no first "
-                             "dimension to gather along; reshape it to (1,).")
+        _require_rows(tensor, names[0], "allgather", "gather along")
 
     def body(*arrays: np.ndarray) -> list[np.ndarray]:
         allocators = [lambda shape, dtype=a.dtype: empty(shape, dtype) for a in arrays]
@@ -244,9 +276,7 @@ def broadcast(tensors: Sequence[Any], names: Sequence[str], root_rank: int,
 def alltoall(tensor: Any, splits: Any, name: str,
              process_set: ProcessSet) -> tuple[tf.Tensor, tf.Tensor]:
     """(output, received_splits); splits may be None, a list, or an integer tensor."""
-    if tensor.shape.rank == 0:
-        raise ValueError(f"alltoall of tensor '{name}': a 0-dim tensor has no first dimension "
-                         "to split; reshape it to (1,).")
+    _require_rows(tensor, name, "alltoall", "split")
     split_tensor = None if splits is None or not tf.is_tensor(splits) else splits
     fixed = None if splits is None or split_tensor is not None else [int(s) for s in splits]
 
@@ -274,9 +304,7 @@ def reducescatter(tensors: Sequence[Any], names: Sequence[str], op: ReduceOp, pr
         return []
     rank, size = process_set.rank(), process_set.size()
     for tensor, name in zip(tensors, names):
-        if tensor.shape.rank == 0:
-            raise ValueError(f"reducescatter of tensor '{name}': a 0-dim tensor has no first "
-                             "dimension to scatter along; reshape it to (1,).")
+        _require_rows(tensor, name, "reducescatter", "scatter along")
 
     def body(*arrays: np.ndarray) -> list[np.ndarray]:
         outs = empty_many([core.reducescatter_shape(a.shape, rank, size) for a in arrays],
