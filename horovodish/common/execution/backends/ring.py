@@ -61,38 +61,40 @@ class RingBackend(Backend):
             return
         # The ring of _reduce_scatter, keeping only what the next step sends: partial
         # sums alternate between two segment-sized buffers and the last lands in recv,
-        # so scratch is 3/p of the buffer, not all of it (the sharded optimizer
-        # reduce-scatters buckets of tens of MB).
+        # so scratch is 2/p of the buffer, not all of it (the sharded optimizer
+        # reduce-scatters buckets of tens of MB). What arrives lands in the step's
+        # target and takes this rank's part there.
         p, r = self.size, self.rank
         offsets = np.cumsum([0] + counts).tolist()
         longest = max(counts)
         ufunc = reduce_ufunc(send.dtype, op)
         source, out = send.reshape(-1), recv.reshape(-1)
-        scratch = self._scratch_view(send.dtype, 3 * longest)
-        partial = (scratch[longest:2 * longest], scratch[2 * longest:])
+        scratch = self._scratch_view(send.dtype, 2 * longest)
+        partial = (scratch[:longest], scratch[longest:])
         left, right = (r - 1) % p, (r + 1) % p
         outgoing = source[offsets[(r - 1) % p]:offsets[(r - 1) % p + 1]]
         for step in range(p - 1):
             segment = (r - step - 2) % p  # what arrives from the left, and is summed
             own = source[offsets[segment]:offsets[segment + 1]]
-            received = scratch[:own.size]
             target = out if step == p - 2 else partial[step % 2][:own.size]
             for chunk in self._chunk_slices(longest, send.itemsize):
                 self.comm.Sendrecv(_bytes(outgoing[chunk]), right,
-                                   recvbuf=_bytes(received[chunk]), source=left)
-                ufunc(own[chunk], received[chunk], out=target[chunk])
+                                   recvbuf=_bytes(target[chunk]), source=left)
+                ufunc(own[chunk], target[chunk], out=target[chunk])
             outgoing = target
 
     def _reduce_scatter(self, buf: np.ndarray, counts: list[int], offsets: list[int],
                         op: ReduceOp, source: np.ndarray | None = None) -> None:
         """Afterwards segment `rank` of buf holds the reduction over all ranks. With a
         source, this rank's values are read from it: the first step sends a segment of
-        source, and each segment's first reduction adds source's part to what arrives,
-        writing buf, so no pass copies source into buf (the segment that this rank only
-        sends is written by the allgather that follows)."""
+        source, and what arrives lands straight in buf's segment, which then takes
+        source's part in place. No pass copies source into buf, nor goes through scratch
+        (the segment that this rank only sends is written by the allgather that follows).
+        In place, what arrives must wait in scratch: buf's segment still holds this
+        rank's own values."""
         p, r = self.size, self.rank
         ufunc = reduce_ufunc(buf.dtype, op)
-        tmp = self._scratch_view(buf.dtype, max(counts))
+        tmp = self._scratch_view(buf.dtype, max(counts)) if source is None else None
         left, right = (r - 1) % p, (r + 1) % p
         mine = buf if source is None else source
         for step in range(p - 1):
@@ -101,7 +103,7 @@ class RingBackend(Backend):
             send = (mine if step == 0 else buf)[offsets[send_seg]:offsets[send_seg + 1]]
             target = buf[offsets[recv_seg]:offsets[recv_seg + 1]]
             own = mine[offsets[recv_seg]:offsets[recv_seg + 1]]
-            received = tmp[:target.size]
+            received = target if tmp is None else tmp[:target.size]
             for chunk in self._chunk_slices(max(counts), buf.itemsize):
                 self.comm.Sendrecv(_bytes(send[chunk]), right,
                                    recvbuf=_bytes(received[chunk]), source=left)
