@@ -17,12 +17,29 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb"
+
+
 def rank_defaults(environ: Mapping[str, str]) -> dict[str, str]:
-    """What the ranks get unless the caller set it: PyTorch's switch for transparent huge
-    pages on CPU tensors of 2 MiB and more (read at the first one). horovodish.torch sets
-    it as well, for jobs started with plain mpirun; here it also covers a script that
-    allocates large tensors before that import (docs/tuning.md, "Huge pages")."""
-    return {} if "THP_MEM_ALLOC_ENABLE" in environ else {"THP_MEM_ALLOC_ENABLE": "1"}
+    """What the ranks get unless the caller set it: transparent huge pages for large
+    buffers (docs/tuning.md, "Huge pages"). Without them, MPI's transfers between
+    processes ran at half speed or less here.
+
+    - PyTorch's own switch for CPU tensors of 2 MiB and more (read at the first one).
+      horovodish.torch sets it as well, for jobs started with plain mpirun; here it
+      also covers a script that allocates large tensors before that import.
+    - glibc's tunable that advises huge pages for what malloc maps: TensorFlow's
+      tensors, MPI's own buffers. glibc reads it at process start only, so only a
+      launcher can set it; added to GLIBC_TUNABLES unless that names it already
+      (``glibc.malloc.hugetlb=0`` there turns it off)."""
+    defaults = {}
+    if "THP_MEM_ALLOC_ENABLE" not in environ:
+        defaults["THP_MEM_ALLOC_ENABLE"] = "1"
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if HUGE_PAGES_TUNABLE not in tunables:
+        defaults["GLIBC_TUNABLES"] = ":".join(filter(None, [tunables,
+                                                            f"{HUGE_PAGES_TUNABLE}=1"]))
+    return defaults
 
 
 def config_env(args: argparse.Namespace) -> dict[str, str]:

@@ -15,23 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..common.execution.fusion import ResultBlocks
-
-ALIGN = 64  # TensorFlow kernels assume buffers aligned to EIGEN_MAX_ALIGN_BYTES
-
-
-def aligned_empty(count: int, dtype: np.dtype) -> np.ndarray:
-    """A flat array of count elements whose data starts on an ALIGN boundary, and whose
-    views have it as their base. (A slice of an over-allocated array would not: numpy
-    makes every view's base the array that owns the memory, so the reference count
-    ResultBlocks reads would miss them. Over a memoryview, the array owns nothing and
-    its base is no array, so numpy stops there.)"""
-    dtype = np.dtype(dtype)
-    nbytes = count * dtype.itemsize
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return np.frombuffer(memoryview(raw)[start:start + nbytes], dtype)
-
+from ..common.execution.fusion import ALIGN, ResultBlocks, aligned_empty
 
 _BYTES = np.dtype(np.uint8)
 

@@ -296,6 +296,7 @@ def test_verbose_prints_command_and_exit_code_mapping(monkeypatch, capsys):
 
     monkeypatch.setattr(run_mod, "run_job", fake_run_job)
     monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)  # the ranks get it then
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")  # theirs: left alone
     rc = run_mod.main(["-np", "2", "--verbose", "--autotune", "python", "a b.py"])
     assert rc == 128 + signal.SIGKILL
     expected = ["/m/mpirun", "-np", "2", "-genv", "THP_MEM_ALLOC_ENABLE", "1",

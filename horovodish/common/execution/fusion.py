@@ -74,8 +74,26 @@ class FusionPlanner:
 _RECENT_PER_SIZE = 32
 
 
-def _host_empty(count: int, dtype: np.dtype) -> np.ndarray:
-    return np.empty(count, dtype=dtype)
+# Host blocks start on this boundary: TensorFlow adopts memory without a copy only when
+# it is aligned to EIGEN_MAX_ALIGN_BYTES (64), and a result that starts a block, or any
+# one at a multiple of 64 bytes into it, can then become a TF tensor as it is.
+ALIGN = 64
+
+
+def aligned_empty(count: int, dtype: np.dtype) -> np.ndarray:
+    """A flat array of count elements whose data starts on an ALIGN boundary, and whose
+    views have it as their base. (A slice of an over-allocated array would not: numpy
+    makes every view's base the array that owns the memory, so the reference count
+    ResultBlocks reads would miss them. Over a memoryview, the array owns nothing and
+    its base is no array, so numpy stops there.)"""
+    dtype = np.dtype(dtype)
+    nbytes = count * dtype.itemsize
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return np.frombuffer(memoryview(raw)[start:start + nbytes], dtype)
+
+
+_host_empty = aligned_empty
 
 
 class FusionBuffers:
