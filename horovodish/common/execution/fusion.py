@@ -78,18 +78,25 @@ _RECENT_PER_SIZE = 32
 # it is aligned to EIGEN_MAX_ALIGN_BYTES (64), and a result that starts a block, or any
 # one at a multiple of 64 bytes into it, can then become a TF tensor as it is.
 ALIGN = 64
+# Blocks of this size and more start on a huge-page boundary: a transparent huge page
+# needs an aligned 2 MiB of the mapping, and malloc's 4 MiB mapping starts 16 bytes past
+# a page, so half of it stayed in 4 KiB pages. MPI's transfers into such memory ran at
+# half speed (the ring's receive scratch: docs/tuning.md, section 4).
+HUGE_PAGE = 2 << 20
 
 
 def aligned_empty(count: int, dtype: np.dtype) -> np.ndarray:
-    """A flat array of count elements whose data starts on an ALIGN boundary, and whose
-    views have it as their base. (A slice of an over-allocated array would not: numpy
-    makes every view's base the array that owns the memory, so the reference count
-    ResultBlocks reads would miss them. Over a memoryview, the array owns nothing and
-    its base is no array, so numpy stops there.)"""
+    """A flat array of count elements whose data starts on an ALIGN boundary (HUGE_PAGE
+    from that size on), and whose views have it as their base. (A slice of an
+    over-allocated array would not: numpy makes every view's base the array that owns
+    the memory, so the reference count ResultBlocks reads would miss them. Over a
+    memoryview, the array owns nothing and its base is no array, so numpy stops
+    there.) numpy asks the kernel for huge pages on allocations of 4 MiB and more."""
     dtype = np.dtype(dtype)
     nbytes = count * dtype.itemsize
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
+    align = HUGE_PAGE if nbytes >= HUGE_PAGE else ALIGN
+    raw = np.empty(nbytes + align, np.uint8)
+    start = -raw.ctypes.data % align
     return np.frombuffer(memoryview(raw)[start:start + nbytes], dtype)
 
 

@@ -13,6 +13,7 @@ from mpi4py import MPI
 from ...dtypes import MPI_REDUCIBLE
 from ...messages import ReduceOp, RequestType
 from ..arithmetic import reduce_ufunc
+from ..fusion import aligned_empty
 from .base import Backend
 
 _CHUNK_BYTES = 4 << 20
@@ -134,8 +135,8 @@ class RingBackend(Backend):
         """A persistent scratch buffer: [receive area | work area], grown on demand."""
         half = count * dtype.itemsize
         need = 2 * half if second else half
-        if self._scratch.nbytes < need:
-            self._scratch = np.empty(max(need, 2 * self._scratch.nbytes), dtype=np.uint8)
+        if self._scratch.nbytes < need:  # on huge pages: MPI receives into it
+            self._scratch = aligned_empty(max(need, 2 * self._scratch.nbytes), np.uint8)
         start = half if second else 0
         return self._scratch[start:start + half].view(dtype)
 
