@@ -6,6 +6,7 @@ import numpy as np
 
 from horovodish.common.execution import fusion
 from horovodish.common.execution.fusion import ResultBlocks
+from huge_pages import huge_page_kib, thp_mode
 
 F32 = np.dtype(np.float32)
 
@@ -149,28 +150,6 @@ def test_results_kept_in_flight_are_reused_without_a_scan(monkeypatch):
     assert allocations == [] and scans == [] and len(checks) <= 3 * 100
 
 
-def _huge_page_kib(low: int, high: int) -> int:
-    """Huge-page kB backing [low, high) of this process (every part of a mapping that
-    madvise split)."""
-    import re
-    huge, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            mapping = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
-            if mapping:
-                inside = int(mapping.group(1), 16) < high and low < int(mapping.group(2), 16)
-            elif inside and line.startswith("AnonHugePages:"):
-                huge += int(line.split()[1])
-    return huge
-
-
-def _thp_mode() -> str:
-    from pathlib import Path
-    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    text = path.read_text() if path.exists() else "[never]"
-    return text[text.index("[") + 1:text.index("]")]
-
-
 def test_small_blocks_align_to_64_bytes_large_ones_to_a_huge_page():
     """Large host blocks (results, the ring's scratch) start on a 2 MiB boundary, so
     the kernel can back all of them with huge pages (MPI's transfers into 4 KiB pages
@@ -183,7 +162,7 @@ def test_small_blocks_align_to_64_bytes_large_ones_to_a_huge_page():
     block = fusion.aligned_empty(3 << 20, F32)  # 12 MiB: numpy advises huge pages
     block.fill(1.0)
     low = block.__array_interface__["data"][0]
-    if _thp_mode() != "never":
-        huge = _huge_page_kib(low, low + block.nbytes)
+    if thp_mode() != "never":
+        huge = huge_page_kib(low, low + block.nbytes)
         assert huge * 1024 >= block.nbytes, \
             f"{huge} kB of huge pages back a {block.nbytes >> 20} MiB block"

@@ -13,31 +13,20 @@ from pathlib import Path
 import pytest
 
 from horovodish.launcher.envvars import rank_defaults
+from huge_pages import thp_mode
 
 # Prints the huge-page kB backing a 16 MiB TensorFlow tensor, then GLIBC_TUNABLES.
-PROBE = """
-import os, re
+PROBE = f"""
+import os, sys
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import numpy as np
 import tensorflow as tf
+from huge_pages import huge_page_kib
 tensor = tf.random.uniform([4 << 20])
 low = np.asarray(tensor).ctypes.data
-high = low + (16 << 20)
-huge, inside = 0, False
-for line in open("/proc/self/smaps"):  # madvise splits a mapping: sum every part
-    mapping = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
-    if mapping:
-        inside = int(mapping.group(1), 16) < high and low < int(mapping.group(2), 16)
-    elif inside and line.startswith("AnonHugePages:"):
-        huge += int(line.split()[1])
-print("probe", huge, os.environ.get("GLIBC_TUNABLES"))
+print("probe", huge_page_kib(low, low + (16 << 20)), os.environ.get("GLIBC_TUNABLES"))
 """
-
-
-def _thp_mode() -> str:
-    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    text = path.read_text() if path.exists() else "[never]"
-    return text[text.index("[") + 1:text.index("]")]
 
 
 def _probe_in_a_rank(**env: str) -> tuple[int, str]:
@@ -51,7 +40,7 @@ def _probe_in_a_rank(**env: str) -> tuple[int, str]:
     return int(huge), tunables
 
 
-@pytest.mark.skipif(_thp_mode() != "madvise",
+@pytest.mark.skipif(thp_mode() != "madvise",
                     reason="huge pages follow the tunable only in the kernel's madvise mode")
 def test_a_rank_tensorflow_tensor_gets_huge_pages_unless_the_caller_says_no():
     huge, tunables = _probe_in_a_rank()

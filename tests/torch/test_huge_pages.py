@@ -12,23 +12,19 @@ from pathlib import Path
 import pytest
 
 from horovodish.launcher.envvars import rank_defaults
+from huge_pages import thp_mode
 
 # Prints the huge-page kB backing a 16 MiB tensor allocated after the import, then the
 # switch as the process sees it.
-PROBE = """
-import os, re
+PROBE = f"""
+import os, sys
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
 import horovodish.torch
 import torch
+from huge_pages import huge_page_kib
 tensor = torch.ones(4 << 20)
-low, high = tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes
-huge, inside = 0, False
-for line in open("/proc/self/smaps"):  # madvise splits a mapping: sum every part
-    mapping = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
-    if mapping:
-        inside = int(mapping.group(1), 16) < high and low < int(mapping.group(2), 16)
-    elif inside and line.startswith("AnonHugePages:"):
-        huge += int(line.split()[1])
-print(huge, os.environ.get("THP_MEM_ALLOC_ENABLE"))
+print(huge_page_kib(tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes),
+      os.environ.get("THP_MEM_ALLOC_ENABLE"))
 """
 
 
@@ -40,17 +36,11 @@ def _probe(**env: str) -> tuple[int, str]:
     return int(huge), switch
 
 
-def _thp_mode() -> str:
-    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    text = path.read_text() if path.exists() else "[never]"
-    return text[text.index("[") + 1:text.index("]")]
-
-
-@pytest.mark.skipif(_thp_mode() == "never", reason="transparent huge pages are off here")
+@pytest.mark.skipif(thp_mode() == "never", reason="transparent huge pages are off here")
 def test_large_tensors_get_huge_pages_unless_the_caller_says_no():
     huge, switch = _probe()
     assert switch == "1" and huge >= 2048, f"{huge} kB of huge pages with the switch {switch}"
-    if _thp_mode() == "madvise":  # "always" gives huge pages whatever the switch says
+    if thp_mode() == "madvise":  # "always" gives huge pages whatever the switch says
         huge, switch = _probe(THP_MEM_ALLOC_ENABLE="0")
         assert switch == "0" and huge == 0, f"{huge} kB of huge pages with the switch off"
 
