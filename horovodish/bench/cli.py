@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 from ..common import api
 from . import report
+from .environment import huge_pages
 from .burst import burst
 from .idle import idle_cost
 from .paths import available
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     api.init()
     comm = MPI.COMM_WORLD.Dup()
     frameworks = [f for f in args.frameworks.split(",") if f]
-    figures: dict = {"ranks": comm.Get_size()}
+    figures: dict = {"ranks": comm.Get_size(), "huge_pages": huge_pages()}
     mode_before = sharing_cost(comm)
     figures["idle"] = idle_cost(comm, rounds=args.idle_rounds)
     paths = _agreed_paths(comm, frameworks)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+from .environment import describe
+
 
 def print_report(size: int, figures: dict) -> None:
     rows = figures["allreduce"]
@@ -16,6 +18,8 @@ def print_report(size: int, figures: dict) -> None:
               f"{mode['before']:.1f}x a plain write before this run, {mode['after']:.1f}x "
               "after (about 3x: the two cores share an L3; 10x and more: they do not, and "
               "every shared-memory transfer, MPI's too, is slow: docs/tuning.md)")
+    if "huge_pages" in figures:
+        print(describe(figures["huge_pages"]))
     header = f"{'bytes':>10} {'MPI us':>9} " + " ".join(f"{p[:24]:>30}" for p in paths)
     print(header)
     for row in rows:

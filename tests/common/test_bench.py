@@ -3,6 +3,7 @@ consistent figures (its speed is the bench's business, not this test's)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from multirank import assert_ok, run_ranks
@@ -34,6 +35,13 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     figures = json.loads(out.read_text())
     assert figures["ranks"] == 2
     assert figures["sharing"]["before"] > 0 and figures["sharing"]["after"] > 0
+    # The ranks ran under horovodishrun: glibc's tunable, unless this environment set
+    # its own, and torch's switch, are recorded as the ranks had them.
+    expected_malloc = "1" if "glibc.malloc.hugetlb" not in os.environ.get(
+        "GLIBC_TUNABLES", "") else figures["huge_pages"]["malloc"]
+    assert figures["huge_pages"]["malloc"] == expected_malloc, figures["huge_pages"]
+    assert figures["huge_pages"]["torch"] == os.environ.get("THP_MEM_ALLOC_ENABLE", "1")
+    assert "huge pages: kernel mode" in result.stdout
     rows = figures["allreduce"]
     assert [row["bytes"] for row in rows] == [4 << 10, 16 << 10]
     for row in rows:
@@ -153,3 +161,14 @@ def test_sharing_bench_times_each_setting_against_writing_alone(tmp_path: Path):
         time_us, ratio = line[38:].split()[:2]
         assert float(time_us) > 0 and float(ratio.strip("(x")) > 0, line
     assert rows[0].rstrip().endswith("(1.0x alone)"), rows[0]
+
+
+def test_the_bench_reads_the_malloc_tunable_among_others():
+    from horovodish.bench.environment import describe, malloc_setting
+    assert malloc_setting({}) == "unset"
+    assert malloc_setting({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == "unset"
+    assert malloc_setting({"GLIBC_TUNABLES":
+                           "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"}) == "0"
+    assert malloc_setting({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}) == "1"
+    line = describe({"kernel": "madvise", "malloc": "unset", "torch": "1"})
+    assert "malloc maps" in line and "off" in line and "madvise" in line
