@@ -18,9 +18,10 @@ LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
 CPU_OPERATIONS = ("mpi", "ring", "shm")
 GPU_OPERATIONS = ("nccl", "mpi")
 
-# Below this many bytes MPI's own allreduce wins on one host; above it our ring does.
-# Measured with `python -m horovodish.bench` on 2 ranks (see docs/tuning.md).
-DEFAULT_RING_THRESHOLD = 16 * 1024 * 1024
+# A single tensor from this many bytes on goes to our ring (below: shared memory on one
+# host, else MPI). Measured with `python -m horovodish.bench.backends` on 2 ranks: from
+# 4 MiB the ring took 0.4 to 0.9 of shared memory's time (docs/tuning.md, "Backends").
+DEFAULT_RING_THRESHOLD = 4 * 1024 * 1024
 
 
 def _parse_bool(text: str) -> bool:

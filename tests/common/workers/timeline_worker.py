@@ -62,6 +62,28 @@ def phases_while_running(rank: int, size: int, path: str) -> None:
           "no readiness mark for rank 1")
 
 
+def single_tensors_by_size(rank: int, size: int, path: str) -> None:
+    """A single tensor from the ring's default threshold (4 MiB) on takes the ring; one
+    below it, shared memory (docs/tuning.md, "Backends"). The timeline names the
+    backend that ran each tensor; the sums are checked too."""
+    for nbytes, backend in ((1 << 20, "SHM_ALLREDUCE"), (4 << 20, "RING_ALLREDUCE"),
+                            ((4 << 20) - 4, "SHM_ALLREDUCE")):
+        tensor = np.full(nbytes // 4, rank + 1, np.float32)
+        result = collectives.allreduce_async(tensor, None, f"size.{nbytes}",
+                                             ReduceOp.SUM).wait()
+        check(bool(np.all(result == size * (size + 1) // 2)),
+              f"{nbytes} bytes: sum {np.unique(result)[:4]}")
+    time.sleep(0.4)  # past the flush interval
+    if rank != 0:
+        return
+    phases = rows(path)
+    for nbytes, backend in ((1 << 20, "SHM_ALLREDUCE"), (4 << 20, "RING_ALLREDUCE"),
+                            ((4 << 20) - 4, "SHM_ALLREDUCE")):
+        seen = phases.get(f"size.{nbytes}", set())
+        check(backend in seen, f"a single tensor of {nbytes} bytes: {sorted(seen)}, "
+                               f"no {backend}")
+
+
 def valid_after_shutdown(rank: int, size: int, path: str) -> None:
     api.shutdown()
     if rank == 0:
@@ -87,7 +109,7 @@ def runs_without_a_timeline(rank: int, size: int, path: str) -> None:
 
 
 CHECKS = {"unwritable": [init_fails_on_every_rank],
-          "env": [phases_while_running, valid_after_shutdown],
+          "env": [phases_while_running, single_tensors_by_size, valid_after_shutdown],
           "dynamic": [only_between_start_and_stop],
           "off": [runs_without_a_timeline]}
 

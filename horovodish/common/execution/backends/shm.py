@@ -65,7 +65,7 @@ class SharedMemoryBackend(Backend):
 
     def __init__(self, comm: MPI.Comm, mode: str | None, threshold: int = SHM_THRESHOLD,
                  piece_bytes: int = PIECE_BYTES, world_ranks: Sequence[int] | None = None,
-                 single_below: int = 16 << 20, turns: int = TURNS) -> None:
+                 single_below: int = 4 << 20, turns: int = TURNS) -> None:
         """single_below: single tensors from this size on are left to the ring (its
         threshold), fused groups are not (see ``enabled``). turns: parts of each
         segment that pieces take in turn (at least 2)."""
@@ -141,8 +141,10 @@ class SharedMemoryBackend(Backend):
         copy-out. Single tensors from ``threshold`` up to ``single_below``: they pay two
         copies here that MPI would not, and still came out ahead of MPI, on torch's
         memory most (MPI's transfers slow down on memory without huge pages; these
-        copies do not). Larger single tensors go to the ring: in some jobs this path ran
-        3x slower from 16 MiB on, for the whole job (figures: docs/tuning.md)."""
+        copies do not). Larger single tensors go to the ring, which moves fewer bytes (MPI
+        reads the other rank's memory once): from 4 MiB it took 0.4 to 0.9 of this
+        path's time, and in some jobs this path ran 3x slower from 16 MiB on, for the
+        whole job (figures: docs/tuning.md)."""
         if self._window is None or kind != RequestType.ALLREDUCE:
             return False
         return self.mode == "shm" or (self.mode is None and nbytes >= self.threshold and (
