@@ -159,7 +159,7 @@ def allreduce_async(tensor: np.ndarray, output: np.ndarray | None, name: str, op
         process_set = global_process_set  # initialized, global set: what resolve() would say
     else:
         process_set = resolve(process_set)
-    if output is not tensor:
+    if output is not tensor and output is not None:
         _check_output(tensor, output, "allreduce", name)
     if type(op) is not ReduceOp or op is _ADASUM or type(prescale) is not float \
             or type(postscale) is not float:  # else already normalised: skip the call

@@ -203,6 +203,9 @@ def hand_out(block: np.ndarray, entries: list[Entry | None],
              responses: list[Response]) -> list:
     """Results from a result block: views for callers that let the runtime own their
     result, copies for callers that gave an output."""
+    if len(entries) == 1 and entries[0] is not None and entries[0].output is None and \
+            block.shape == responses[0].shape:  # one flat tensor: the block as it is
+        return [block]  # (a slice and a reshape cost a third of a small call's 1 us)
     results, offset = [], 0
     for entry, response in zip(entries, responses):
         part = block[offset:offset + response.count]

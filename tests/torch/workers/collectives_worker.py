@@ -261,6 +261,23 @@ def runtime_owned_results(rank: int, size: int) -> None:
     reused = third.data_ptr() == pointer or bool(os.environ.get("STAGE_THROUGH_HOST"))
     check(reused and bool((third == 2.0 * size).all()),  # (staged results are copies)
           "a dropped result's block was not reused")
+    # The same for out-of-place hvd.allreduce of one tensor, whose result is a whole
+    # block when it fits one exactly: a fresh array (4 KB), shared memory (256 KiB), the
+    # ring (4 MiB), each held across a second call of its name.
+    for count in (1000, 1 << 16, 1 << 20):
+        name = f"own.single.{count}"
+        first = hvd.allreduce(torch.full((count,), float(rank)), name=name, op=hvd.Sum)
+        second = hvd.allreduce(torch.full((count,), 1.0), name=name, op=hvd.Sum)
+        check(bool((first == total).all()) and bool((second == size).all()),
+              f"{name}: a live result was overwritten: {first[:3]} {second[:3]}")
+        pointer = second.data_ptr()
+        del second
+        third = hvd.allreduce(torch.full((count,), 2.0), name=name, op=hvd.Sum)
+        check(bool((third == 2.0 * size).all()) and bool((first == total).all()),
+              f"{name}: {third[:3]} {first[:3]}")
+        check(count == 1000 or third.data_ptr() == pointer or
+              bool(os.environ.get("STAGE_THROUGH_HOST")),
+              f"{name}: a dropped result's block was not reused")
 
 
 def out_of_order_and_burst(rank: int, size: int) -> None:
