@@ -317,6 +317,10 @@ def join_and_barrier(rank: int, size: int) -> None:
             op=hvd.Average))
         same(owned[0], np.full(3, sum(r + 1 for r in active) / size), f"join owned {step}")
         same(owned[1], np.full((2, 2), len(active) / size), f"join owned b {step}")
+        # A single tensor from the ring's threshold on (4 MiB): the ring's path.
+        big = hvd.allreduce(torch.full((1 << 20,), float(rank + 1)), name="join.big",
+                            op=hvd.Average)
+        same(big, np.full(1 << 20, sum(r + 1 for r in active) / size), f"join big {step}")
     last = hvd.join()
     check(last == size - 1, f"join returned {last}, expected {size - 1}")
     hvd.barrier()
