@@ -62,12 +62,16 @@ def phases_while_running(rank: int, size: int, path: str) -> None:
           "no readiness mark for rank 1")
 
 
+# A single tensor from the ring's default threshold (4 MiB) on takes the ring; one below
+# it, shared memory (docs/tuning.md, "Backends").
+BACKEND_BY_SIZE = ((1 << 20, "SHM_ALLREDUCE"), (4 << 20, "RING_ALLREDUCE"),
+                   ((4 << 20) - 4, "SHM_ALLREDUCE"))
+
+
 def single_tensors_by_size(rank: int, size: int, path: str) -> None:
-    """A single tensor from the ring's default threshold (4 MiB) on takes the ring; one
-    below it, shared memory (docs/tuning.md, "Backends"). The timeline names the
-    backend that ran each tensor; the sums are checked too."""
-    for nbytes, backend in ((1 << 20, "SHM_ALLREDUCE"), (4 << 20, "RING_ALLREDUCE"),
-                            ((4 << 20) - 4, "SHM_ALLREDUCE")):
+    """The timeline names the backend that ran each tensor of BACKEND_BY_SIZE; the sums
+    are checked too."""
+    for nbytes, _ in BACKEND_BY_SIZE:
         tensor = np.full(nbytes // 4, rank + 1, np.float32)
         result = collectives.allreduce_async(tensor, None, f"size.{nbytes}",
                                              ReduceOp.SUM).wait()
@@ -77,8 +81,7 @@ def single_tensors_by_size(rank: int, size: int, path: str) -> None:
     if rank != 0:
         return
     phases = rows(path)
-    for nbytes, backend in ((1 << 20, "SHM_ALLREDUCE"), (4 << 20, "RING_ALLREDUCE"),
-                            ((4 << 20) - 4, "SHM_ALLREDUCE")):
+    for nbytes, backend in BACKEND_BY_SIZE:
         seen = phases.get(f"size.{nbytes}", set())
         check(backend in seen, f"a single tensor of {nbytes} bytes: {sorted(seen)}, "
                                f"no {backend}")
