@@ -4,7 +4,8 @@ transfers into 4 KiB pages ran at half speed or less; docs/tuning.md, "Huge page
 from __future__ import annotations
 
 import re
-from pathlib import Path
+
+from horovodish.common.huge_pages import kernel_mode
 
 
 def huge_page_kib(low: int, high: int) -> int:
@@ -23,7 +24,7 @@ def huge_page_kib(low: int, high: int) -> int:
 
 
 def thp_mode() -> str:
-    """The kernel's transparent huge page mode: always, madvise or never."""
-    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    text = path.read_text() if path.exists() else "[never]"
-    return text[text.index("[") + 1:text.index("]")]
+    """The kernel's transparent huge page mode: always, madvise or never (never where
+    the kernel does not say)."""
+    mode = kernel_mode()
+    return "never" if mode == "unknown" else mode

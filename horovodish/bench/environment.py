@@ -10,29 +10,11 @@ runs of the same kind.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Mapping
 
-_MALLOC_TUNABLE = "glibc.malloc.hugetlb"
+from ..common.huge_pages import kernel_mode, malloc_setting
 
-
-def kernel_mode(path: Path = Path("/sys/kernel/mm/transparent_hugepage/enabled")) -> str:
-    """The kernel's transparent huge page mode (always, madvise, never), or "unknown"."""
-    try:
-        text = path.read_text()
-        return text[text.index("[") + 1:text.index("]")]
-    except (OSError, ValueError):
-        return "unknown"
-
-
-def malloc_setting(environ: Mapping[str, str]) -> str:
-    """The value this process's GLIBC_TUNABLES gives glibc.malloc.hugetlb ("unset" if
-    none: glibc's default, no huge pages asked for)."""
-    for item in environ.get("GLIBC_TUNABLES", "").split(":"):
-        name, _, value = item.partition("=")
-        if name == _MALLOC_TUNABLE:
-            return value
-    return "unset"
+__all__ = ["describe", "huge_pages", "kernel_mode", "malloc_setting"]
 
 
 def huge_pages(environ: Mapping[str, str] = os.environ) -> dict[str, str]:

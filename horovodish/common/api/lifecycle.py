@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from typing import Any, Sequence
 
@@ -16,6 +17,7 @@ from mpi4py import MPI
 
 from ..config import Config
 from ..execution.cuda import choose_gpu_operations
+from ..huge_pages import kernel_mode, missing_tunable_hint
 from ..logging_setup import configure, warn_once
 from ..runtime import exit_hook, interrupts
 from ..runtime.assemble import build_runtime
@@ -61,6 +63,10 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             warn_once("MPI was initialized without MPI_THREAD_MULTIPLE; do not call MPI from "
                       "your own threads while horovodish runs.")
+        if rank == 0 and size > 1:  # (glibc reads the tunable at start: only a hint)
+            hint = missing_tunable_hint(os.environ, kernel_mode())
+            if hint:
+                warn_once(hint)
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         cross = world.Split(local.Get_rank(), key=rank)
         homogeneous = len(set(world.allgather(local.Get_size()))) == 1
