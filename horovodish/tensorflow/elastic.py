@@ -53,8 +53,10 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _values(variables: Sequence[Any]) -> list[np.ndarray]:
-    """Copies, so later assignments to the variables leave the commit alone."""
-    return [np.array(v, copy=True) for v in variables]
+    """Copies, so later assignments to the variables leave the commit alone. Through
+    ``numpy()``: TensorFlow's variables implement ``__array__`` without numpy 2's copy
+    argument, which numpy warns about on every commit."""
+    return [np.array(v.numpy() if hasattr(v, "numpy") else v, copy=True) for v in variables]
 
 
 def _assign(variables: Sequence[Any], values: Sequence[np.ndarray], what: str) -> None:

@@ -7,6 +7,8 @@ on every rank, as a lost peer would. Each part is a named check (tests/worker_su
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from checks import quiet_tensorflow
 from worker_support import check, close, run_checks, same_on_every_rank  # noqa: E402
@@ -49,7 +51,9 @@ def tensorflow_state(rank: int, size: int) -> None:
     w.assign_add(np.ones(features))
     state.step = 2
     state.losses.append(1.0)
-    state.commit()
+    with warnings.catch_warnings():  # numpy 2 warned about TensorFlow's __array__ here
+        warnings.simplefilter("error", DeprecationWarning)
+        state.commit()
     committed = (w.numpy().copy(), b.numpy())
     w.assign(np.zeros(features))
     b.assign(-7.0)
