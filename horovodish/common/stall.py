@@ -10,7 +10,18 @@ import logging
 import time
 from typing import Callable, Mapping, Sequence
 
+from .messages import RequestType
+
 log = logging.getLogger("horovodish")
+
+# The op prefixes of Horovod's torch names ("allreduce.loss", "grouped_allgather.x_1of2").
+_OPS = frozenset(prefix + kind.opname for kind in RequestType for prefix in ("", "grouped_"))
+
+
+def _op_and_base(name: str) -> tuple[str, str] | None:
+    """("allreduce", "loss") for "allreduce.loss"; None for a name without an op prefix."""
+    op, dot, base = name.partition(".")
+    return (op, base) if dot and op in _OPS else None
 
 
 class StallInspector:
@@ -73,4 +84,26 @@ class StallInspector:
         for rank in sorted(missing):
             lines.append(f"  rank {self.world_ranks[rank]} has not submitted: "
                          f"{', '.join(sorted(missing[rank]))}")
+        lines += self._different_ops(stalled)
         return "\n".join(lines)
+
+    def _different_ops(self, stalled: Mapping[str, set[int]]) -> list[str]:
+        """A line for each name that waits under different ops on different ranks
+        (torch names a tensor "<op>.<name>", as Horovod does, so an allreduce on one
+        rank and an allgather on another under one name never meet): the likely cause."""
+        by_base: dict[str, dict[str, set[int]]] = {}
+        for name, ready in stalled.items():
+            parsed = _op_and_base(name)
+            if parsed is not None:
+                by_base.setdefault(parsed[1], {})[parsed[0]] = ready
+        lines = []
+        for base, ops in sorted(by_base.items()):
+            if len(ops) < 2:
+                continue
+            parts = "; ".join(
+                f"{op} on rank{'s' if len(ready) > 1 else ''} "
+                f"{', '.join(str(self.world_ranks[r]) for r in sorted(ready))}"
+                for op, ready in sorted(ops.items()))
+            lines.append(f"  '{base}' waits as different collectives ({parts}): every rank "
+                         "must call the same collective under a name.")
+        return lines

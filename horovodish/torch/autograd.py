@@ -39,7 +39,16 @@ def _wants_grad(*tensors: torch.Tensor) -> bool:
 
 
 def _name(name: str | None, opname: str, process_set: ProcessSet) -> str:
-    return name if name is not None else core.auto_name(opname, process_set)
+    """The op's name, made once (Horovod's "<op>.<name>" or an auto name): the backward
+    derives its own from it."""
+    return _Final(async_ops.names_for(name, 1, opname, process_set)[0])
+
+
+def _names(name: Any, count: int, opname: str, process_set: ProcessSet) -> list[str]:
+    return [_Final(n) for n in async_ops.names_for(name, count, opname, process_set)]
+
+
+_Final = async_ops.FinalName
 
 
 class _Allreduce(torch.autograd.Function):
@@ -54,7 +63,7 @@ class _Allreduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         name, op, prescale, postscale, process_set = ctx.args
-        return (allreduce(grad, f"{name}.grad", op, prescale, postscale, process_set),
+        return (allreduce(grad, _Final(f"{name}.grad"), op, prescale, postscale, process_set),
                 None, None, None, None, None)
 
 
@@ -70,7 +79,7 @@ class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         names, op, prescale, postscale, process_set = ctx.args
-        reduced = grouped_allreduce(list(grads), [f"{n}.grad" for n in names], op, prescale,
+        reduced = grouped_allreduce(list(grads), [_Final(f"{n}.grad") for n in names], op, prescale,
                                     postscale, process_set)
         return (None, None, None, None, None, *reduced)
 
@@ -85,9 +94,9 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         name, rows, process_set = ctx.args
-        reduced = allreduce(grad, f"{name}.grad", ReduceOp.AVERAGE, 1.0, 1.0, process_set)
+        reduced = allreduce(grad, _Final(f"{name}.grad"), ReduceOp.AVERAGE, 1.0, 1.0, process_set)
         # Every rank's row count, to find where this rank's rows start.
-        counts = allgather(torch.tensor([rows], dtype=torch.int64), f"{name}.grad.rows",
+        counts = allgather(torch.tensor([rows], dtype=torch.int64), _Final(f"{name}.grad.rows"),
                            process_set)
         offset = int(counts[:process_set.rank()].sum())
         return reduced.narrow(0, offset, rows), None, None
@@ -104,9 +113,9 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         names, rows, process_set = ctx.args
-        reduced = grouped_allreduce(list(grads), [f"{n}.grad" for n in names],
+        reduced = grouped_allreduce(list(grads), [_Final(f"{n}.grad") for n in names],
                                     ReduceOp.AVERAGE, 1.0, 1.0, process_set)
-        counts = allgather(torch.tensor([rows], dtype=torch.int64), f"{names[0]}.grad.rows",
+        counts = allgather(torch.tensor([rows], dtype=torch.int64), _Final(f"{names[0]}.grad.rows"),
                            process_set)
         offsets = counts[:process_set.rank()].sum(dim=0).tolist()
         return (None, None, *(grad.narrow(0, offset, count)
@@ -124,7 +133,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         root_rank, name, process_set = ctx.args
-        reduced = allreduce(grad, f"{name}.grad", ReduceOp.AVERAGE, 1.0, 1.0, process_set)
+        reduced = allreduce(grad, _Final(f"{name}.grad"), ReduceOp.AVERAGE, 1.0, 1.0, process_set)
         if api.rank() != root_rank:
             reduced = torch.zeros_like(reduced)
         return reduced, None, None, None
@@ -143,7 +152,7 @@ class _Alltoall(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple:
         received, name, process_set = ctx.args
-        output, _ = alltoall(grad, received, f"{name}.grad", process_set)
+        output, _ = alltoall(grad, received, _Final(f"{name}.grad"), process_set)
         return output, None, None, None
 
 
@@ -168,7 +177,7 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         name, scale, process_set = ctx.args
-        gathered = allgather(grad, f"{name}.grad", process_set)
+        gathered = allgather(grad, _Final(f"{name}.grad"), process_set)
         if scale != 1.0:
             gathered = gathered * scale
         return gathered, None, None, None, None, None
@@ -186,7 +195,7 @@ class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         names, scale, process_set = ctx.args
-        gathered = grouped_allgather(list(grads), [f"{n}.grad" for n in names], process_set)
+        gathered = grouped_allgather(list(grads), [_Final(f"{n}.grad") for n in names], process_set)
         if scale != 1.0:
             gathered = [g * scale for g in gathered]
         return (None, None, None, None, None, *gathered)
@@ -207,7 +216,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], name: Any, op: ReduceOp,
     if not _wants_grad(*tensors):
         return async_ops.synchronize(async_ops.grouped_allreduce_async(
             tensors, None, name, op, prescale, postscale, process_set, waited=True))
-    names = async_ops.names_for(name, len(tensors), "allreduce", process_set)
+    names = _names(name, len(tensors), "allreduce", process_set)
     return list(_GroupedAllreduce.apply(names, op, prescale, postscale, process_set, *tensors))
 
 
@@ -224,7 +233,7 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: Any,
     if not _wants_grad(*tensors):
         return async_ops.synchronize(async_ops.grouped_allgather_async(
             tensors, name, process_set, waited=True))
-    names = async_ops.names_for(name, len(tensors), "allgather", process_set)
+    names = _names(name, len(tensors), "allgather", process_set)
     return list(_GroupedAllgather.apply(names, process_set, *tensors))
 
 
@@ -234,7 +243,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Any, op: Reduce
     if not _wants_grad(*tensors):
         return async_ops.synchronize(async_ops.grouped_reducescatter_async(
             tensors, name, op, process_set, prescale, postscale, waited=True))
-    names = async_ops.names_for(name, len(tensors), "reducescatter", process_set)
+    names = _names(name, len(tensors), "reducescatter", process_set)
     return list(_GroupedReducescatter.apply(names, ReduceOp(op), prescale, postscale,
                                             process_set, *tensors))
 

@@ -314,7 +314,7 @@ class _DistributedOptimizer:
         self._hvd_submitted.update(params)
         dense, tensors, ctxs, names = [], [], [], []
         for param in params:
-            name = f"allreduce.{self._parameter_names[param]}"
+            name = self._parameter_names[param]  # the op prefix is names_for's, as Horovod's
             sparse = param in self._hvd_sparse and self._hvd_sends_sparse(param)
             if param.grad is None:  # no gradient on this rank: contribute zeros
                 param.grad = sparse_zeros(param, self._hvd_sparse[param]) if sparse \

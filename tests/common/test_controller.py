@@ -188,6 +188,23 @@ def test_stall_inspector_names_tensor_and_rank_then_shuts_down():
     assert all(r.shutdown and r.stalled for r in results)
 
 
+def test_stall_report_says_when_one_name_waits_as_different_collectives():
+    """Torch names a tensor "<op>.<name>" (Horovod's names): an allreduce on one rank and
+    an allgather on the other under one name never meet, so the report says why."""
+    now = [0.0]
+    world = FakeWorld(3, stall_check=2.0, clock=lambda: now[0])
+    gather = Request("allgather.loss", RequestType.ALLGATHER, "float32", (1,))
+    world.cycle({0: [ar("allreduce.loss")], 1: [ar("allreduce.loss")], 2: [gather]})
+    world.cycle({0: [ar("allreduce.alone")]})
+    now[0] = 3.0
+    world.cycle()
+    report = world.controllers[0].coordinator.stall.last_report
+    assert "rank 2 has not submitted: allreduce.alone, allreduce.loss" in report, report
+    assert "'loss' waits as different collectives (allgather on rank 2; allreduce on " \
+        "ranks 0, 1)" in report, report
+    assert "'alone'" not in report, report  # one collective only: no such line
+
+
 def test_a_process_sets_messages_name_world_ranks():
     """Set ranks 0, 1, 2 of the set [4, 1, 6]: users know ranks by their world number."""
     now = [0.0]

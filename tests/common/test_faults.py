@@ -39,7 +39,7 @@ def test_stall_inspector_names_tensor_and_rank_then_ends_the_job():
     start = time.monotonic()
     result = run_ranks(WORKER, 2, args=["stall"], timeout=90, env={
         "HOROVODISH_STALL_CHECK_TIME_SECONDS": "2",
-        "HOROVODISH_STALL_SHUTDOWN_TIME_SECONDS": "8"})
+        "HOROVODISH_STALL_SHUTDOWN_TIME_SECONDS": "5"})
     elapsed = time.monotonic() - start
     assert result.returncode != 0, result.stdout
     assert elapsed < 30, elapsed

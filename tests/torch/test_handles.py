@@ -24,37 +24,31 @@ def _core_names(handle: int) -> list[str]:
     return [h.name for h in (handles if isinstance(handles, list) else [handles])]
 
 
-def test_a_given_name_reaches_the_core_unchanged_on_every_path(world_of_one):
+def test_a_given_name_reaches_the_core_alike_on_every_path(world_of_one):
     """The short path (plain contiguous tensor) and the general one (strided, or needing
-    autograd's detach) must agree on names: "" included, or ranks whose tensors take
-    different paths would negotiate different names and wait for each other forever."""
+    autograd's detach) must agree on names, or ranks whose tensors take different paths
+    would negotiate different names and wait for each other forever. A name is Horovod's
+    "<op>.<name>"; an empty one counts as none, as in Horovod's binding."""
     plain, strided = torch.ones(4), torch.ones(4, 2)[:, 0]
     graded = torch.ones(4, requires_grad=True)
-    for name in ("", "w"):
-        handles = [hvd.allreduce_async_(plain, name=name + ".a"),
-                   hvd.allreduce_async_(strided, name=name + ".b"),
-                   hvd.allreduce_async(plain, name=name + ".c"),
-                   hvd.allreduce_async(graded, name=name + ".d")]
-        assert [_core_names(h) for h in handles] == [[name + s] for s in (".a", ".b", ".c", ".d")]
-        for handle in handles:
-            assert torch.equal(hvd.synchronize(handle), torch.ones(4))
-    plain_empty = hvd.allreduce_async_(plain, name="")
-    strided_empty = None
-    try:
-        strided_empty = hvd.allreduce_async_(strided, name="")
-    except ValueError as exc:  # "" still in flight: the same name, as it must be
-        assert "''" in str(exc)
-    assert _core_names(plain_empty) == [""]
-    hvd.synchronize(plain_empty)
-    if strided_empty is not None:
-        assert _core_names(strided_empty) == [""]
-        hvd.synchronize(strided_empty)
+    handles = [hvd.allreduce_async_(plain, name="w.a"),
+               hvd.allreduce_async_(strided, name="w.b"),
+               hvd.allreduce_async(plain, name="w.c"),
+               hvd.allreduce_async(graded, name="w.d")]
+    assert [_core_names(h) for h in handles] == [[f"allreduce.w.{s}"] for s in "abcd"]
+    for handle in handles:
+        assert torch.equal(hvd.synchronize(handle), torch.ones(4))
     # Unnamed ops number alike on both paths: the short path takes no extra number.
-    first = hvd.allreduce_async_(plain)
-    second = hvd.allreduce_async_(strided)
-    a, b = _core_names(first)[0], _core_names(second)[0]
-    assert int(b.rsplit(".", 1)[1]) == int(a.rsplit(".", 1)[1]) + 1, (a, b)
-    hvd.synchronize(first), hvd.synchronize(second)
+    for name in (None, ""):
+        first = hvd.allreduce_async_(plain, name=name)
+        second = hvd.allreduce_async_(strided, name=name)
+        a, b = _core_names(first)[0], _core_names(second)[0]
+        assert a.startswith("allreduce.noname.") and b.startswith("allreduce.noname.")
+        assert int(b.rsplit(".", 1)[1]) == int(a.rsplit(".", 1)[1]) + 1, (a, b)
+        hvd.synchronize(first), hvd.synchronize(second)
+    group = hvd.grouped_allreduce_async([plain, strided], name="g")
+    assert _core_names(group) == ["grouped_allreduce.g_1of2", "grouped_allreduce.g_2of2"]
+    hvd.synchronize(group)
 
 
 def test_poll_from_another_thread_while_synchronize_waits():

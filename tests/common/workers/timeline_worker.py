@@ -107,12 +107,31 @@ def only_between_start_and_stop(rank: int, size: int, path: str) -> None:
         check(api.state().runtime.timeline is None, "only rank 0 records")
 
 
+def torch_names_soon_in_the_file(rank: int, size: int, path: str) -> None:
+    """A torch op's row is named as Horovod names it ("allreduce.<name>"), and is in the
+    file soon after the op, though a write just happened (Horovod's own timeline test
+    reads the file 0.1 s after its allreduce)."""
+    import torch
+
+    import horovodish.torch as hvd
+    hvd.allreduce(torch.ones(3), name="first")  # its cycle writes the file
+    hvd.allreduce(torch.tensor([1.0, 2.0, 3.0]), name="test_allreduce")
+    time.sleep(0.15)
+    if rank == 0:
+        phases = rows(path)
+        want = {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"}
+        got = phases.get("allreduce.test_allreduce", set())
+        check(want <= got, f"row allreduce.test_allreduce: {sorted(got)} (rows: "
+                           f"{sorted(phases)})")
+
+
 def runs_without_a_timeline(rank: int, size: int, path: str) -> None:
     step("off")
 
 
 CHECKS = {"unwritable": [init_fails_on_every_rank],
-          "env": [phases_while_running, single_tensors_by_size, valid_after_shutdown],
+          "env": [torch_names_soon_in_the_file, phases_while_running, single_tensors_by_size,
+                  valid_after_shutdown],
           "dynamic": [only_between_start_and_stop],
           "off": [runs_without_a_timeline]}
 
