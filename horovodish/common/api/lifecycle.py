@@ -41,66 +41,93 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     ``process_sets`` is a list of ProcessSet to create now, or "dynamic" to allow
     add_process_set()/remove_process_set() later.
     """
-    global _atexit_registered, _initialized_once
     with _lock:
         current = _current.current()
-        if current is not None and not current.runtime.stopped:
-            return
-        config = Config.from_env()
-        base = MPI.COMM_WORLD if comm is None else comm
-        if isinstance(base, Sequence):
-            ranks = list(base)
-            group = MPI.COMM_WORLD.Get_group().Incl(ranks)
-            base = MPI.COMM_WORLD.Create(group)  # collective over the world
-            if base == MPI.COMM_NULL:
-                raise ValueError(
-                    f"init(comm={ranks}): this process (world rank "
-                    f"{MPI.COMM_WORLD.Get_rank()}) is not in the list, so it has no "
-                    "horovodish world; skip horovodish on it, or list every rank.")
-        world = base.Dup()
-        rank, size = world.Get_rank(), world.Get_size()
-        logger = configure(rank, config.log_level)
-        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            warn_once("MPI was initialized without MPI_THREAD_MULTIPLE; do not call MPI from "
-                      "your own threads while horovodish runs.")
-        if rank == 0 and size > 1:  # (glibc reads the tunable at start: only a hint)
-            hint = missing_tunable_hint(os.environ, kernel_mode())
-            if hint:
-                warn_once(hint)
-        local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-        cross = world.Split(local.Get_rank(), key=rank)
-        homogeneous = len(set(world.allgather(local.Get_size()))) == 1
-        if config.caller_runs:
-            interrupts.install()  # lets the main thread run cycles (see interrupts.py)
-        # Before any runtime exists: a rank that raises here (NCCL asked for and missing)
-        # ends the job through exit_hook instead of leaving the others in a collective.
-        gpu = choose_gpu_operations(config)
-        # (Before the runtime thread starts using world: start() is collective over it.)
-        watchdog = HostWatchdog.start(world, local, config.heartbeat_timeout)
-        try:
-            runtime = build_runtime(world, config, record_timeline=True, gpu=gpu)
-        except BaseException:
-            if watchdog is not None:
-                watchdog.stop()
-            raise
-        dynamic = process_sets == "dynamic" or config.dynamic_process_sets
-        new = State(config, world, world.Dup(), local, cross, runtime, rank, size, dynamic,
-                    homogeneous=homogeneous, gpu=gpu, watchdog=watchdog)
-        _current.replace(new)
-        # Set ids start from 1 again, maybe with other members: so do unnamed ops' numbers.
-        reset_auto_names()
-        _initialized_once = True
-        global_process_set.ranks = list(range(size))
-        global_process_set.process_set_id = 0
-        global_process_set.runtime, global_process_set.comm = runtime, world
-        new.process_sets[0] = global_process_set
-        if not _atexit_registered:
-            atexit.register(shutdown)
-            _atexit_registered = True
-        logger.debug("initialized: rank %d of %d, config %s", rank, size, config)
+        if current is None or current.runtime.stopped:
+            _start(comm, process_sets)
     if isinstance(process_sets, (list, tuple)):
+        # Also on a second init() (a library may have called it first): the sets are
+        # registered, never silently dropped.
+        _register_all(process_sets)
+
+
+def _start(comm: Any, process_sets: Any) -> None:
+    """init()'s work on a process not yet initialized (the lock is held)."""
+    global _atexit_registered, _initialized_once
+    config = Config.from_env()
+    base = MPI.COMM_WORLD if comm is None else comm
+    if isinstance(base, Sequence):
+        ranks = list(base)
+        group = MPI.COMM_WORLD.Get_group().Incl(ranks)
+        base = MPI.COMM_WORLD.Create(group)  # collective over the world
+        if base == MPI.COMM_NULL:
+            raise ValueError(
+                f"init(comm={ranks}): this process (world rank "
+                f"{MPI.COMM_WORLD.Get_rank()}) is not in the list, so it has no "
+                "horovodish world; skip horovodish on it, or list every rank.")
+    world = base.Dup()
+    rank, size = world.Get_rank(), world.Get_size()
+    logger = configure(rank, config.log_level)
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        warn_once("MPI was initialized without MPI_THREAD_MULTIPLE; do not call MPI from "
+                  "your own threads while horovodish runs.")
+    if rank == 0 and size > 1:  # (glibc reads the tunable at start: only a hint)
+        hint = missing_tunable_hint(os.environ, kernel_mode())
+        if hint:
+            warn_once(hint)
+    local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    cross = world.Split(local.Get_rank(), key=rank)
+    homogeneous = len(set(world.allgather(local.Get_size()))) == 1
+    if config.caller_runs:
+        interrupts.install()  # lets the main thread run cycles (see interrupts.py)
+    # Before any runtime exists: a rank that raises here (NCCL asked for and missing)
+    # ends the job through exit_hook instead of leaving the others in a collective.
+    gpu = choose_gpu_operations(config)
+    # (Before the runtime thread starts using world: start() is collective over it.)
+    watchdog = HostWatchdog.start(world, local, config.heartbeat_timeout)
+    try:
+        runtime = build_runtime(world, config, record_timeline=True, gpu=gpu)
+    except BaseException:
+        if watchdog is not None:
+            watchdog.stop()
+        raise
+    dynamic = process_sets == "dynamic" or config.dynamic_process_sets
+    new = State(config, world, world.Dup(), local, cross, runtime, rank, size, dynamic,
+                homogeneous=homogeneous, gpu=gpu, watchdog=watchdog)
+    _current.replace(new)
+    # Set ids start from 1 again, maybe with other members: so do unnamed ops' numbers.
+    reset_auto_names()
+    _initialized_once = True
+    global_process_set.ranks = list(range(size))
+    global_process_set.process_set_id = 0
+    global_process_set.runtime, global_process_set.comm = runtime, world
+    global_process_set.mpi_comm = comm if comm is not None and hasattr(comm, "Get_group") \
+        else MPI.COMM_WORLD if comm is None else base
+    new.process_sets[0] = global_process_set
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
+    logger.debug("initialized: rank %d of %d, config %s", rank, size, config)
+
+
+def _register_all(process_sets: Sequence[Any]) -> None:
+    """Register init()'s sets in order; all or none: when one is refused (on every rank,
+    with the same ValueError), those registered before it in this call are removed
+    again, so a corrected list can be passed to init() once more, as in Horovod."""
+    registered: list[Any] = []
+    try:
         for process_set in process_sets:
-            register_process_set(process_set)
+            if process_set.process_set_id is None:  # (one registered already stays)
+                register_process_set(process_set)
+                registered.append(process_set)
+    except ValueError:
+        ids = [process_set.process_set_id for process_set in registered]
+        for process_set in reversed(registered):
+            unregister_process_set(process_set)
+        state_ = state()
+        if ids and max(ids) == state_.next_process_set_id - 1:  # ids as if never taken
+            state_.next_process_set_id = min(ids)
+        raise
 
 
 def register_process_set(process_set: Any) -> None:

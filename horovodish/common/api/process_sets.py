@@ -25,6 +25,9 @@ class ProcessSet:
         if ranks is not None and hasattr(ranks, "Get_group"):
             self._comm_source = ranks  # resolved to world ranks at registration
             ranks = None
+        # Horovod's attribute: the mpi4py communicator the set was made from (for the
+        # global set, the one init() was given, else COMM_WORLD); None for a rank list.
+        self.mpi_comm: Any = self._comm_source
         self.ranks: list[int] | None = sorted(int(r) for r in ranks) if ranks is not None \
             else None
         self.process_set_id: int | None = None

@@ -100,12 +100,15 @@ def errors_on_a_set(rank: int, size: int, sets: dict) -> None:
 
 
 def world(rank: int, size: int, sets: dict) -> None:
+    check(global_process_set.mpi_comm == MPI.COMM_WORLD and sets["evens"].mpi_comm is None,
+          "Horovod's mpi_comm: COMM_WORLD for the global set, None for a rank list")
     exercise(global_process_set, rank, "world")
 
 
 def set_from_a_communicator(rank: int, size: int, sets: dict) -> None:
     everyone = add_process_set(ProcessSet(MPI.COMM_WORLD))
-    check(everyone.ranks == list(range(size)), f"ranks {everyone.ranks}")
+    check(everyone.ranks == list(range(size)) and everyone.mpi_comm is MPI.COMM_WORLD,
+          f"ranks {everyone.ranks}, mpi_comm {everyone.mpi_comm}")
     exercise(everyone, rank, "everyone")
     remove_process_set(everyone)
 
@@ -169,6 +172,28 @@ def added_again(rank: int, size: int, sets: dict) -> None:
     remove_process_set(again)
 
 
+def init_again_registers_its_sets(rank: int, size: int, sets: dict) -> None:
+    """init() on an initialized process registers the sets it is given (it used to drop
+    them silently); a list with a refused set registers none of them, so a corrected
+    list can be passed again (Horovod's process-set suites do this)."""
+    pair = ProcessSet([0, 1])
+    api.init(process_sets=[pair])
+    check(pair.process_set_id is not None and pair.ranks == [0, 1],
+          f"init() again did not register {pair!r}")
+    if pair.included():
+        exercise(pair, rank, "pair")
+    first, clash = ProcessSet([1, 2]), ProcessSet([0, 2])  # [0, 2]: evens exists
+    expect_error(lambda: api.init(process_sets=[first, clash]), ValueError,
+                 "already exists", what="init() with a set whose ranks a set has")
+    check(first.process_set_id is None and clash.process_set_id is None,
+          f"after the refusal: {first!r}, {clash!r}")
+    api.init(process_sets=[first])
+    check(first.process_set_id == pair.process_set_id + 1,
+          f"{first!r}: the refused call's ids are free again (pair: {pair!r})")
+    if first.included():
+        exercise(first, rank, "first")
+
+
 STATIC_CHECKS = [membership, collectives_on_a_set, errors_on_a_set, world]
 DYNAMIC_CHECKS = [set_from_a_communicator, *STATIC_CHECKS, registration_disagreements,
                   comm_null_on_one_rank, set_per_split_group, added_again]
@@ -181,5 +206,6 @@ if __name__ == "__main__":
         sets = {"evens": evens_static, "odds": None}
     else:
         sets = {"evens": add_process_set([0, 2]), "odds": add_process_set([1])}
-    run_checks(STATIC_CHECKS if mode == "static" else DYNAMIC_CHECKS, api.rank(), api.size(),
-               sets)
+    # (Its sets stay registered: last, and only where no later check adds sets.)
+    run_checks([*STATIC_CHECKS, init_again_registers_its_sets] if mode == "static"
+               else DYNAMIC_CHECKS, api.rank(), api.size(), sets)
