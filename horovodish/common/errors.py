@@ -16,6 +16,12 @@ class RankMismatchError(HorovodInternalError):
     apart (TensorFlow raises it as FailedPreconditionError, as Horovod does)."""
 
 
+class NotAMemberError(ValueError):
+    """A collective on a registered process set this rank is not in. A ValueError, as
+    horovodish raised before; TensorFlow raises it as InvalidArgumentError, as Horovod's
+    ops do."""
+
+
 class HostsUpdatedInterrupt(RuntimeError):
     """Raised by state.commit() on every rank when the elastic launcher has a new set
     of hosts: hvd.elastic.run then ends the process, and the job restarts on them."""

@@ -13,6 +13,7 @@ from .compression import Compression
 from .functions import (allgather_object, broadcast_global_variables, broadcast_object,
                         broadcast_object_fn, broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from .hooks import BroadcastGlobalVariablesHook
 from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall,
                       barrier, broadcast, broadcast_, grouped_allgather, grouped_allreduce,
                       grouped_reducescatter, join, reducescatter)

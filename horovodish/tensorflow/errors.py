@@ -24,7 +24,9 @@ from typing import Any, NoReturn
 
 import tensorflow as tf
 
-from ..common.errors import RankMismatchError
+from ..common.api import collectives as core
+from ..common.api.process_sets import ProcessSet
+from ..common.errors import NotAMemberError, RankMismatchError
 
 
 class HorovodFailedPreconditionError(tf.errors.FailedPreconditionError, RankMismatchError):
@@ -91,3 +93,12 @@ def graph_failure(message: str, outputs: int) -> list[_Failure]:
     graph-mode failures do (hvd.elastic.run looks for that line)."""
     failure = type(f"\nHorovodInternalError: {message}", (_Failure,), {})
     return [failure() for _ in range(outputs)]
+
+
+def resolve(process_set: ProcessSet | None) -> ProcessSet:
+    """core.resolve, with a set this rank is not in raised as Horovod's ops raise it:
+    ``InvalidArgumentError`` (still a ValueError), at the call."""
+    try:
+        return core.resolve(process_set)
+    except NotAMemberError as exc:
+        raise HorovodInvalidArgumentError(str(exc)) from None

@@ -12,9 +12,9 @@ from typing import Any, Collection, Sequence
 import numpy as np
 import tensorflow as tf
 
-from ..common.api import collectives as core
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
+from . import errors
 from .compression import Compression
 from .mpi_ops import _allreduce, _sparse_allreduce
 from .naming import positional_names
@@ -52,9 +52,13 @@ class GradientReduction:
         agree_on_overflow (for a loss scaler's check, which follows): if any rank's
         local gradients are not finite, every rank's become NaN, so that every rank
         skips the step together; one scalar rides along with the reduction for it."""
-        process_set = core.resolve(self.process_set)
         results = [tf.convert_to_tensor(g) if self.sparse_as_dense and
                    isinstance(g, tf.IndexedSlices) else g for g in grads]
+        # A set of one reduces nothing, on a rank outside it too (Horovod's identity
+        # branch: its test runs the optimizer of a one-rank set on every rank).
+        if self.process_set is not global_process_set and self.process_set.size() == 1:
+            return results
+        process_set = errors.resolve(self.process_set)
         if process_set.size() == 1:
             return results
         kept = _local_positions(results, variables, local)

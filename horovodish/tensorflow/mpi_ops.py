@@ -15,10 +15,10 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from ..common import api
-from ..common.api import collectives as core
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
 from . import ops
+from . import errors
 from .compression import Compression
 from .naming import op_names
 
@@ -162,7 +162,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     """Reduce a tensor (or tf.IndexedSlices) across ranks; Average unless op says otherwise.
     (``ignore_name_scope``, here and below: names never take the name scope anyway.)"""
     op = _resolve_op(average, op)
-    process_set = core.resolve(process_set)
+    process_set = errors.resolve(process_set)
     if compression is Compression.none and _eager_alone(tensor, "allreduce"):
         return ops.allreduce_eager(tensor, op_names(name, (tensor,), "allreduce",
                                                     process_set)[0],
@@ -187,7 +187,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
                       name: str | None = None, ignore_name_scope: bool = False) -> list[Any]:
     """Reduce several tensors in one submission, so they fuse into few collectives."""
     op = _resolve_op(average, op)
-    process_set = core.resolve(process_set)
+    process_set = errors.resolve(process_set)
     # An eager tensor's exact type first: isinstance against IndexedSlices goes through
     # ABC machinery, twice per tensor of a gradient list.
     sparse = [type(t) is not _EAGER and isinstance(t, tf.IndexedSlices) for t in tensors]
@@ -219,7 +219,7 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
                       process_set: ProcessSet = global_process_set,
                       _names: list[str] | None = None,
                       ignore_name_scope: bool = False) -> list[tf.Tensor]:
-    process_set = core.resolve(process_set)
+    process_set = errors.resolve(process_set)
     tensors = _tensors(tensors, "allgather")
     names = _names or op_names(name, tensors, "allgather", process_set)
 
@@ -240,7 +240,7 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Concatenate every rank's tensor along the first dimension (sizes may differ)."""
     if _eager_alone(tensor, "allgather"):
-        process_set = core.resolve(process_set)
+        process_set = errors.resolve(process_set)
         return ops.allgather_eager(tensor, op_names(name, (tensor,), "allgather",
                                                     process_set)[0], process_set)
     return grouped_allgather([tensor], name, process_set)[0]
@@ -269,7 +269,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
               ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """root_rank's tensor on every rank (root_rank is a world rank)."""
-    process_set = core.resolve(process_set)
+    process_set = errors.resolve(process_set)
     if _eager_alone(tensor, "broadcast"):
         return ops.broadcast_eager(tensor, op_names(name, (tensor,), "broadcast",
                                                     process_set)[0], root_rank, process_set)
@@ -284,7 +284,7 @@ def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None
     """In place: assign root_rank's values to the variables (tf.Variable, a tf.compat.v1
     RefVariable or keras.Variable); returns their new values, as Horovod does. In a graph
     the assignments happen when a session runs those values."""
-    process_set = core.resolve(process_set)
+    process_set = errors.resolve(process_set)
     variables = list(variables)
     values = _tensors(variables, "broadcast_")
     names = op_names(name, values, "broadcast", process_set)
@@ -302,7 +302,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
              ignore_name_scope: bool = False,
              process_set: ProcessSet = global_process_set) -> Any:
     """Send splits[i] rows to rank i. With splits, returns (output, received_splits)."""
-    process_set = core.resolve(process_set)
+    process_set = errors.resolve(process_set)
     tensors = _tensors([tensor], "alltoall")
     op_name = op_names(name, tensors, "alltoall", process_set)[0]
     received: list[tf.Tensor] = []
@@ -332,7 +332,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           ignore_name_scope: bool = False) -> list[tf.Tensor]:
     """Reduce across ranks, keep this rank's rows (low ranks get the extra ones)."""
     op = ReduceOp(op)
-    process_set = core.resolve(process_set)
+    process_set = errors.resolve(process_set)
     packed = [compression.compress(t) for t in _tensors(tensors, "reducescatter")]
     inputs = [p[0] for p in packed]
     names = op_names(name, inputs, "reducescatter", process_set)
@@ -356,7 +356,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compre
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0, ignore_name_scope: bool = False) -> tf.Tensor:
     if compression is Compression.none and _eager_alone(tensor, "reducescatter"):
-        process_set = core.resolve(process_set)
+        process_set = errors.resolve(process_set)
         return ops.reducescatter_eager(
             tensor, op_names(name, (tensor,), "reducescatter", process_set)[0], ReduceOp(op),
             prescale_factor, postscale_factor, process_set)
@@ -377,4 +377,4 @@ def join() -> tf.Tensor:
 def barrier(process_set: ProcessSet = global_process_set) -> Any:
     """Block until every rank (of the set) reaches the barrier. In a tf.compat.v1 graph
     this returns the op, which waits when a session runs it (as Horovod's does)."""
-    return ops.barrier(core.resolve(process_set))
+    return ops.barrier(errors.resolve(process_set))

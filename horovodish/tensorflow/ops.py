@@ -16,7 +16,8 @@ The chain is per graph: calls of inner tf.functions are not ordered by it
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -145,6 +146,24 @@ def run(body: Callable[..., list[np.ndarray]], tensors: Sequence[Any],
     # keyed by graph, which the op would keep alive.
     graph._horovodish_last_collective = outs[0].op if out_dtypes else outs
     return list(outs) if out_dtypes else [outs]  # no outputs: py_function gives the op
+
+
+@contextlib.contextmanager
+def standalone_collectives() -> Iterator[None]:
+    """Collectives built inside depend on none built before them in the default graph,
+    and the ones built after go on from where the chain was: for an op that a session
+    runs alone, before any other collective (BroadcastGlobalVariablesHook's broadcast
+    in ``after_create_session``), which must not run the training step's collectives,
+    built earlier, too (that needed the step's feeds). Run anything built here on its
+    own only: in one ``session.run`` with other collectives the ranks may order them
+    differently."""
+    graph = tf.compat.v1.get_default_graph()
+    previous = getattr(graph, "_horovodish_last_collective", None)
+    graph._horovodish_last_collective = None
+    try:
+        yield
+    finally:
+        graph._horovodish_last_collective = previous
 
 
 def _listing(names: list[str], shown: int = 8) -> str:

@@ -1,7 +1,8 @@
-"""``hvd.DistributedOptimizer`` with horovod.tensorflow's arguments, for Keras optimizers.
+"""``hvd.DistributedOptimizer`` with horovod.tensorflow's arguments.
 
-In TensorFlow >= 2.16 ``tf.keras`` is Keras 3, so this hands over to the Keras adapter;
-TensorFlow 1 style ``tf.compat.v1.train.Optimizer`` objects are not supported.
+In TensorFlow >= 2.16 ``tf.keras`` is Keras 3, so a Keras optimizer goes to the Keras
+adapter; a TensorFlow 1 style ``tf.compat.v1.train.Optimizer`` gets the wrapper of
+legacy_optimizer.py.
 """
 from __future__ import annotations
 
@@ -21,15 +22,42 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
                          groups: Any = None,
                          process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """See horovodish.tensorflow.keras.DistributedOptimizer (``use_locking`` is ignored)."""
+    """For a Keras optimizer see horovodish.tensorflow.keras.DistributedOptimizer
+    (``use_locking`` is ignored); for a ``tf.compat.v1.train.Optimizer``,
+    legacy_optimizer.LegacyDistributedOptimizer."""
     import keras
+    import tensorflow as tf
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        return _legacy(optimizer, name, use_locking, compression, sparse_as_dense,
+                       backward_passes_per_step, op, gradient_predivide_factor,
+                       groups if groups is not None else num_groups or None, process_set,
+                       scale_local_gradients)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise NotImplementedError(
-            f"DistributedOptimizer wraps Keras optimizers, not {type(optimizer).__name__}; "
-            "for a custom loop use hvd.DistributedGradientTape.")
+            f"DistributedOptimizer wraps Keras optimizers and tf.compat.v1.train "
+            f"optimizers, not {type(optimizer).__name__}; for a custom loop use "
+            "hvd.DistributedGradientTape.")
     from .keras.optimizer import DistributedOptimizer as keras_distributed
     return keras_distributed(optimizer, name, device_dense, device_sparse, compression,
                              sparse_as_dense, gradient_predivide_factor, op,
                              backward_passes_per_step, average_aggregated_gradients,
                              groups if groups is not None else num_groups or None, process_set,
                              scale_local_gradients=scale_local_gradients)
+
+
+def _legacy(optimizer: Any, name: str | None, use_locking: bool, compression: Any,
+            sparse_as_dense: bool, backward_passes_per_step: int, op: ReduceOp,
+            gradient_predivide_factor: float, groups: Any, process_set: ProcessSet,
+            scale_local_gradients: bool) -> Any:
+    from .gradient_reduction import GradientReduction
+    from .legacy_optimizer import LegacyDistributedOptimizer
+    if backward_passes_per_step != 1:
+        raise NotImplementedError(
+            f"backward_passes_per_step={backward_passes_per_step} with a tf.compat.v1.train "
+            f"optimizer ({type(optimizer).__name__}) is not supported here; accumulate "
+            "the gradients yourself, or use a Keras optimizer, whose wrapper supports it.")
+    name = name or f"Distributed{type(optimizer).__name__}"
+    reduction = GradientReduction(op, compression, sparse_as_dense, gradient_predivide_factor,
+                                  groups, process_set, prefix=name,
+                                  scale_local_gradients=scale_local_gradients)
+    return LegacyDistributedOptimizer(optimizer, reduction, name, use_locking)

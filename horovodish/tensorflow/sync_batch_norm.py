@@ -15,9 +15,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from ..common.api import collectives as core
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
+from . import errors
 from .mpi_ops import _allreduce
 from .naming import op_names
 
@@ -40,7 +40,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         self.supports_jit = False
 
     def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
-        process_set = core.resolve(self._hvd_process_set)
+        process_set = errors.resolve(self._hvd_process_set)
         if process_set.size() == 1:
             return super()._moments(inputs, mask)
         axes = self._reduction_axes

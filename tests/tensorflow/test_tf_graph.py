@@ -10,7 +10,7 @@ from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "graph_worker.py"
 CHECKS = ["broadcast_gradient", "reducescatter_gradient", "errors", "variables",
-          "sparse_average", "interrupt"]
+          "sparse_average", "legacy_optimizer", "interrupt"]
 
 
 @pytest.mark.parametrize("np_", [1, 2, 3])

@@ -15,6 +15,7 @@ import numpy as np
 from .process_state import rank, state
 from ..execution.backends.adasum import is_power_of_two
 from ..dtypes import check_reduction, dtype_name, known_dtype_name
+from ..errors import NotAMemberError
 from ..execution.cuda import device_for
 from ..runtime.entry import Entry
 from ..runtime.handles import Handle
@@ -59,8 +60,13 @@ def resolve(process_set: ProcessSet | None) -> ProcessSet:
         return global_process_set
     process_set._require_registered()
     if process_set.runtime is None:
-        raise ValueError(f"rank {rank()} is not a member of process set "
-                         f"{process_set.ranks}; only its members may run collectives on it.")
+        if state().process_sets.get(process_set.process_set_id) is not process_set:
+            raise ValueError(f"{process_set!r} is not a registered process set (its id "
+                             "was set by hand, or it was removed); register it with "
+                             "hvd.init(process_sets=...) or hvd.add_process_set().")
+        raise NotAMemberError(f"rank {rank()} is not a member of process set "
+                              f"{process_set.ranks}; only its members may run collectives "
+                              "on it.")
     return process_set
 
 

@@ -454,9 +454,14 @@ def process_set(rank: int, size: int) -> None:
                   tol=F64_TOL)
             close(gathered.numpy(), [1.0, 10.0, 2.0, 10.0], f"{mode} allgather on [0, 1]",
                   tol=F64_TOL)
-    else:
-        expect_error(lambda: hvd.allreduce(tf.ones(1), process_set=pair), ValueError,
-                     "not a member", what="collective on a set this rank is not in")
+    else:  # Horovod's op error type, still a ValueError
+        for error in (tf.errors.InvalidArgumentError, ValueError):
+            expect_error(lambda: hvd.allreduce(tf.ones(1), process_set=pair), error,
+                         "not a member", what="collective on a set this rank is not in")
+    fake = hvd.ProcessSet([0])
+    fake.process_set_id = 10  # never registered (Horovod's test does this): ValueError
+    expect_error(lambda: hvd.allreduce(tf.ones(1), process_set=fake), ValueError,
+                 "not a registered process set", what="a set whose id was set by hand")
     hvd.remove_process_set(pair)
 
 

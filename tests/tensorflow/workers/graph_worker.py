@@ -122,6 +122,56 @@ def variables(rank: int, size: int) -> None:
                  what="broadcast_global_variables eagerly")
 
 
+def legacy_optimizer(rank: int, size: int) -> None:
+    """hvd.DistributedOptimizer around a tf.compat.v1.train optimizer (TensorFlow 1 style
+    scripts): minimize() in a session, each rank on its own rows of the global batch, ends
+    where numpy's momentum on the whole batch does, on every rank; eagerly too; the
+    gradient of a registered local variable stays this rank's, divided by the size."""
+    features, per_rank, steps, lr, mu = 3, 4, 5, 0.125, 0.875  # exact in float32: TF casts them
+    gen = np.random.default_rng(3)
+    x = gen.normal(size=(steps, size * per_rank, features))
+    y = gen.normal(size=(steps, size * per_rank))
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    want_w, velocity = np.full(features, 0.5), np.zeros(features)
+    for s in range(steps):  # numpy, one process, the whole batch
+        grad = 2 * x[s].T @ (x[s] @ want_w - y[s]) / len(y[s])
+        velocity = mu * velocity + grad
+        want_w = want_w - lr * velocity
+
+    # Horovod's TensorFlow 1 script: the step is built first, the hook's broadcast after
+    # it (in MonitoredSession's begin), and the ranks start from different weights.
+    with tf.Graph().as_default():
+        w = v1.get_variable("w", initializer=np.full(features, 0.5 + rank), dtype=tf.float64)
+        xs, ys = v1.placeholder(tf.float64, [per_rank, features]), v1.placeholder(tf.float64)
+        loss = tf.reduce_mean((tf.linalg.matvec(xs, w) - ys) ** 2)
+        opt = hvd.DistributedOptimizer(v1.train.MomentumOptimizer(lr, mu))
+        check(isinstance(opt, v1.train.Optimizer), f"wrapper type {type(opt).__name__}")
+        train = opt.minimize(loss)
+        with v1.train.MonitoredSession(hooks=[hvd.BroadcastGlobalVariablesHook(0)]) as session:
+            close(session.run(w), np.full(features, 0.5), "hook: rank 0's start", tol=0)
+            for s in range(steps):
+                session.run(train, {xs: x[s, mine], ys: y[s, mine]})
+            close(session.run(w), want_w, "graph: momentum weights against numpy", tol=1e-9)
+        check(opt.get_slot_names() == ["momentum"], f"slots {opt.get_slot_names()}")
+
+    # Eagerly, with a local variable: its gradient is this rank's own, divided by size.
+    w = tf.Variable(np.full(features, 0.5), dtype=tf.float64)
+    own = tf.Variable(float(rank + 1), dtype=tf.float64)
+    opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(lr))
+    opt.register_local_var(own)
+    pairs = opt.compute_gradients(
+        lambda: tf.reduce_mean((tf.linalg.matvec(tf.constant(x[0, mine]), w) - y[0, mine])
+                               ** 2) + own * own, [w, own])
+    close(pairs[0][0].numpy(),
+          2 * x[0].T @ (x[0] @ np.full(features, 0.5) - y[0]) / (size * per_rank),
+          "eager: reduced gradient of w", tol=1e-9)
+    close(pairs[1][0].numpy(), 2.0 * (rank + 1) / size, "eager: local gradient / size",
+          tol=1e-12)
+    expect_error(lambda: hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(lr),
+                                                  backward_passes_per_step=2),
+                 NotImplementedError, "backward_passes_per_step=2", "GradientDescentOptimizer")
+
+
 def sparse_average(rank: int, size: int) -> None:
     """IndexedSlices Average: values divided by size with TensorFlow's true division, so
     integer values come back floating, as Horovod's do."""
@@ -179,4 +229,4 @@ if __name__ == "__main__":
     quiet_tensorflow()
     hvd.init()
     run_checks([broadcast_gradient, reducescatter_gradient, errors, variables, sparse_average,
-                interrupt], hvd.rank(), hvd.size())
+                legacy_optimizer, interrupt], hvd.rank(), hvd.size())
