@@ -11,7 +11,9 @@ communicator and from its own thread, and expects theirs. When nothing has arriv
 a neighbour for ``timeout`` seconds (HOROVODISH_HEARTBEAT_TIMEOUT, default 30; 0 turns
 it off), it logs which host and ranks it lost and aborts the job: mpirun ends what it
 can reach, and the hosts on the far side of the dead link, hearing nothing either, abort
-their own side. A host busy computing, or ranks stalled in negotiation, still answer:
+their own side. There mpirun cannot be reached, so the aborting rank first ends the
+other ranks of its own host itself (their pids were shared at start): a rank left
+behind spun in a shared-memory barrier for its dead neighbour for good. A host busy computing, or ranks stalled in negotiation, still answer:
 the thread needs no collective, only the network. Each host watches two neighbours, so
 the cost per host stays constant whatever the number of hosts.
 """
@@ -19,11 +21,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -45,8 +48,10 @@ class HostWatchdog:
     Build with ``start`` (collective over comm); ``stop`` on shutdown."""
 
     def __init__(self, leaders: MPI.Comm, hosts: list[tuple[str, list[int]]],
-                 timeout: float) -> None:
+                 timeout: float, host_pids: Sequence[int] = ()) -> None:
+        """host_pids: the processes of the other ranks on this host (see _abort)."""
         self.comm = leaders
+        self.host_pids = [pid for pid in host_pids if pid != os.getpid()]
         self.hosts = hosts  # per leader rank: (hostname, world ranks on that host)
         self.timeout = timeout
         self.interval = min(5.0, max(0.2, timeout / 6))
@@ -66,6 +71,7 @@ class HostWatchdog:
         rank = comm.Get_rank()
         first = local.Get_rank() == 0
         leader = local.bcast(rank, root=0)  # names this rank's host in the job
+        host_pids = local.allgather(os.getpid())
         where = comm.allgather((socket.gethostname(), leader, rank))
         leaders = sorted({lead for _, lead, _ in where})
         if len(leaders) < 2:
@@ -75,7 +81,7 @@ class HostWatchdog:
             return None
         hosts = [(where[lead][0], [r for _, of, r in where if of == lead]) for lead in leaders]
         leaders = comm_of_leaders
-        return cls(leaders, hosts, timeout)
+        return cls(leaders, hosts, timeout, host_pids)
 
     def _run(self) -> None:
         comm, beat = self.comm, np.zeros(1, dtype=np.uint8)
@@ -113,6 +119,11 @@ class HostWatchdog:
         launcher_link.notify({"kind": "lost", "text": message,
                               "ranks": [r for n in lost for r in self.hosts[n][1]]})
         time.sleep(_DRAIN_SECONDS)
+        for pid in self.host_pids:  # mpirun may be out of reach: this host's ranks end here
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass  # gone already
         try:
             MPI.COMM_WORLD.Abort(1)
         finally:
