@@ -49,4 +49,4 @@ def test_horovod_tensorflow_script():
     assert_ranks_ok(result, 2, [
         "graph_mode_broadcast_global_variables", "graph_mode_broadcast_gradient_does_not_hang",
         "graph_mode_mismatch_is_failed_precondition", "eager_uint16_collectives",
-        "eager_mismatch_is_failed_precondition"])
+        "eager_mismatch_is_failed_precondition", "monitored_training_session"])
