@@ -56,11 +56,9 @@ class GradientReduction:
                    isinstance(g, tf.IndexedSlices) else g for g in grads]
         # A set of one reduces nothing, on a rank outside it too (Horovod's identity
         # branch: its test runs the optimizer of a one-rank set on every rank).
-        if self.process_set is not global_process_set and self.process_set.size() == 1:
+        if self.process_set.size() == 1:
             return results
         process_set = errors.resolve(self.process_set)
-        if process_set.size() == 1:
-            return results
         kept = _local_positions(results, variables, local)
         if kept and self.scale_local_gradients:
             for i in kept:

@@ -101,8 +101,7 @@ def _start(comm: Any, process_sets: Any) -> None:
     global_process_set.ranks = list(range(size))
     global_process_set.process_set_id = 0
     global_process_set.runtime, global_process_set.comm = runtime, world
-    global_process_set.mpi_comm = comm if comm is not None and hasattr(comm, "Get_group") \
-        else MPI.COMM_WORLD if comm is None else base
+    global_process_set.mpi_comm = base  # Horovod's: init()'s comm (its own for a rank list)
     new.process_sets[0] = global_process_set
     if not _atexit_registered:
         atexit.register(shutdown)
