@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from ..common.basics import _basics  # noqa: F401  (Horovod's hvd.mpi_ops._basics)
 from ..common import api
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set

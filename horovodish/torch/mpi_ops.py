@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..common.basics import _basics  # noqa: F401  (Horovod's hvd.mpi_ops._basics)
 from ..common.api.process_sets import ProcessSet, global_process_set
 from ..common.messages import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
 from ..common.messages import resolve_op as _resolve_op

@@ -5,13 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from horovodish.common.api.process_sets import disagreement
+from horovodish.common.api.process_sets import disagreement, new_groups
 from multirank import assert_ranks_ok, run_ranks
 
 WORKERS = Path(__file__).parent / "workers"
 STATIC_CHECKS = ["membership", "collectives_on_a_set", "errors_on_a_set", "world"]
 DYNAMIC_CHECKS = ["set_from_a_communicator", *STATIC_CHECKS, "registration_disagreements",
-                  "comm_null_on_one_rank", "set_per_split_group", "added_again"]
+                  "comm_null_on_one_rank", "set_per_split_group", "added_again",
+                  "unnamed_ops_pair_after_reinit"]
 
 
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
@@ -32,7 +33,7 @@ def test_init_with_a_list_of_ranks_and_a_rank_left_out():
     assert_ranks_ok(result, 3, ["init_with_ranks_0_and_1"])
 
 
-ADD, REMOVE = "add_process_set", "remove_process_set"
+ADD, REMOVE, INIT = "add_process_set", "remove_process_set", "init"
 
 
 @pytest.mark.parametrize("proposals", [
@@ -65,3 +66,36 @@ def test_registration_proposals_that_cannot(proposals, needles):
     assert problem is not None
     for needle in needles:
         assert needle in problem, problem
+
+
+def test_init_proposals():
+    """init()'s: per set, (made from a communicator, ranks); a Split's groups go ahead,
+    other differences are named by entry."""
+    split = [(INIT, [(True, [0, 2]), (False, [1])], None),
+             (INIT, [(True, [1]), (False, [1])], None),
+             (INIT, [(True, [0, 2]), (False, [1])], None)]
+    assert disagreement(split) is None
+    problem = disagreement([(INIT, [(False, [0, 1])], None), (INIT, [(False, [1])], None)])
+    assert "process_sets entry number 0 has different ranks" in problem, problem
+    assert "rank 0: [0, 1]; rank 1: [1]" in problem, problem
+    problem = disagreement([(INIT, [(False, [0])], None), (INIT, [], None)])
+    assert "different numbers of process sets (rank 0: 1; rank 1: 0)" in problem, problem
+
+
+def test_removing_each_rank_its_group():
+    """A remove may name each rank's group of one comm.Split (every group goes)."""
+    groups = {0: [0, 1, 2], 3: [0, 2], 4: [1]}
+    assert disagreement([(REMOVE, 3, None), (REMOVE, 4, None), (REMOVE, 3, None)],
+                        groups) is None
+    problem = disagreement([(REMOVE, 3, None), (REMOVE, 3, None), (REMOVE, 4, None)], groups)
+    assert "different process sets" in problem, problem  # rank 1 is not in set 3
+
+
+def test_new_groups_in_horovods_order():
+    """Sets made from communicators first (each one's groups sorted), then rank lists;
+    groups registered already, or met before, are left out."""
+    entries = [[(False, [0]), (True, [0, 2]), (True, [0, 1, 2]), (False, [1, 2])],
+               [(False, [0]), (True, [1]), (True, [0, 1, 2]), (False, [1, 2])],
+               [(False, [0]), (True, [0, 2]), (True, [0, 1, 2]), (False, [1, 2])]]
+    assert new_groups(entries, {(0, 1, 2)}) == [(0, 2), (1,), (0,), (1, 2)]
+    assert new_groups(entries, {(0, 1, 2), (1,), (1, 2)}) == [(0, 2), (0,)]

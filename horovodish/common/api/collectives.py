@@ -48,9 +48,15 @@ def cuda_device(kind: RequestType, dtype: str, op: ReduceOp | None = None) -> st
     return device_for(state().gpu, kind, dtype, op)
 
 
-def reset_auto_names() -> None:
-    """Number unnamed ops from 0 again: init() does, as every rank re-initializes."""
-    _counters.clear()
+def reset_auto_names(set_id: int | None = None) -> None:
+    """Number unnamed ops from 0 again: init() does for every set, as every rank
+    re-initializes, and removing a set does for its id, which a later set with other
+    members may take (as in Horovod)."""
+    if set_id is None:
+        _counters.clear()
+        return
+    for key in [key for key in _counters if key[1] == set_id]:
+        del _counters[key]
 
 
 def resolve(process_set: ProcessSet | None) -> ProcessSet:
@@ -60,7 +66,8 @@ def resolve(process_set: ProcessSet | None) -> ProcessSet:
         return global_process_set
     process_set._require_registered()
     if process_set.runtime is None:
-        if state().process_sets.get(process_set.process_set_id) is not process_set:
+        record = state().process_sets.get(process_set.process_set_id)
+        if record is None or record.ranks != process_set.ranks:
             raise ValueError(f"{process_set!r} is not a registered process set (its id "
                              "was set by hand, or it was removed); register it with "
                              "hvd.init(process_sets=...) or hvd.add_process_set().")

@@ -11,6 +11,7 @@ import atexit
 import logging
 import os
 import threading
+import weakref
 from typing import Any, Sequence
 
 from mpi4py import MPI
@@ -25,7 +26,7 @@ from ..runtime.heartbeat import HostWatchdog
 from . import process_state as _current
 from .collectives import reset_auto_names
 from .objects import allgather_object
-from .process_sets import ProcessSet, disagreement, global_process_set
+from .process_sets import ProcessSet, disagreement, global_process_set, new_groups
 from .process_state import State, state
 
 _lock = threading.Lock()
@@ -101,7 +102,8 @@ def _start(comm: Any, process_sets: Any) -> None:
     global_process_set.ranks = list(range(size))
     global_process_set.process_set_id = 0
     global_process_set.runtime, global_process_set.comm = runtime, world
-    global_process_set.mpi_comm = base  # Horovod's: init()'s comm (its own for a rank list)
+    # Horovod's: the communicator init() was given, None without one (or for a rank list)
+    global_process_set.mpi_comm = comm if isinstance(comm, MPI.Comm) else None
     new.process_sets[0] = global_process_set
     if not _atexit_registered:
         atexit.register(shutdown)
@@ -110,49 +112,105 @@ def _start(comm: Any, process_sets: Any) -> None:
 
 
 def _register_all(process_sets: Sequence[Any]) -> None:
-    """Register init()'s sets in order; all or none: when one is refused (on every rank,
-    with the same ValueError), those registered before it in this call are removed
-    again, so a corrected list can be passed to init() once more, as in Horovod."""
-    registered: list[Any] = []
-    try:
-        for process_set in process_sets:
-            if process_set.process_set_id is None:  # (one registered already stays)
-                register_process_set(process_set)
-                registered.append(process_set)
-    except ValueError:
-        ids = [process_set.process_set_id for process_set in registered]
-        for process_set in reversed(registered):
-            unregister_process_set(process_set)
-        state_ = state()
-        if ids and max(ids) == state_.next_process_set_id - 1:  # ids as if never taken
-            state_.next_process_set_id = min(ids)
-        raise
+    """init()'s sets, registered as Horovod registers them (collective). The groups of
+    ranks not registered yet get ids in Horovod's order (new_groups: sets made from a
+    communicator first, each of its groups under an id of its own), then each set takes
+    the id of its group. A set whose group the global set or an earlier entry of the
+    list has is a duplicate: it stays unregistered, and init() raises ValueError on
+    the ranks where it is one, as Horovod's does. The groups stay registered either way,
+    so a corrected list passed to init() again finds them."""
+    sets = list(process_sets)
+    if not sets:
+        return
+    state_ = state()
+    entries: list[tuple[bool, list[int]]] = []
+    problems = []
+    for index, process_set in enumerate(sets):
+        problem = _resolve_ranks(state_, process_set)
+        if problem is not None:
+            problems.append(f"process_sets entry number {index}: {problem}")
+        entries.append((process_set._comm_source is not None,
+                        list(process_set.ranks) if problem is None else []))
+    proposals = _agree(state_, ("init", entries, "; ".join(problems) or None))
+    _create_all(state_, new_groups([value for _, value, _ in proposals], _known(state_)))
+    by_ranks = {tuple(record.ranks): record for record in state_.process_sets.values()}
+    seen, duplicate = {0}, None
+    for index, process_set in enumerate(sets):
+        record = by_ranks[tuple(process_set.ranks)]
+        if record.process_set_id in seen:
+            if process_set is not record:
+                _invalidate(process_set)
+            duplicate = index if duplicate is None else duplicate
+        else:
+            seen.add(record.process_set_id)
+            _adopt(process_set, record)
+    if duplicate is not None:
+        raise ValueError(
+            f"init: process_sets entry number {duplicate} is a duplicate: "
+            f"{sets[duplicate]!r} has the ranks of the global process set or of an earlier "
+            "entry; pass each group of ranks once (the global set is always there).")
 
 
 def register_process_set(process_set: Any) -> None:
-    """Create the set's communicator and, on members, its runtime (collective).
-
-    The ranks first agree through the global runtime (see _agree)."""
+    """add_process_set's work (collective): the ranks first agree through the global
+    runtime (see _agree), then each new group gets its communicator, an id (a removed
+    set's first, as in Horovod) and, on its members, a runtime."""
     state_ = state()
-    manage = state_.manage_comm
-    problem = _registration_problem(state_, process_set)
-    ranks = list(process_set.ranks or []) if problem is None else []
-    _agree(state_, ("add_process_set", ranks, problem))
-    sub = manage.Create(manage.Get_group().Incl(ranks))
-    process_set.process_set_id = state_.next_process_set_id
-    state_.next_process_set_id += 1
-    if sub != MPI.COMM_NULL:
-        process_set.comm = sub
-        process_set.runtime = build_runtime(sub, state_.config, world_ranks=ranks,
-                                            gpu=state_.gpu)
-    state_.process_sets[process_set.process_set_id] = process_set
-
-
-def _registration_problem(state_: State, process_set: Any) -> str | None:
-    """What this rank alone sees wrong with registering process_set (None: nothing);
-    resolves a set given as a communicator to its world ranks on the way."""
     if process_set.process_set_id is not None:
-        return f"{process_set!r} is already registered"
+        problem: str | None = f"{process_set!r} is already registered"
+    else:
+        problem = _resolve_ranks(state_, process_set) or _existing(state_, process_set.ranks)
+    ranks = list(process_set.ranks or []) if problem is None else []
+    proposals = _agree(state_, ("add_process_set", ranks, problem))
+    _create_all(state_, new_groups([[(True, value)] for _, value, _ in proposals],
+                                   _known(state_)))
+    _adopt(process_set, next(record for record in state_.process_sets.values()
+                             if record.ranks == ranks))
+
+
+def _known(state_: State) -> set[tuple[int, ...]]:
+    return {tuple(record.ranks) for record in state_.process_sets.values()}
+
+
+def _create_all(state_: State, groups: list[tuple[int, ...]]) -> None:
+    """Register each group (every rank passes the same groups, in the same order): its
+    communicator (collective over all ranks) and, on members, its runtime. The table
+    holds a set of its own per group; the user's sets adopt it (_adopt)."""
+    manage = state_.manage_comm
+    for group in groups:
+        ranks = list(group)
+        sub = manage.Create(manage.Get_group().Incl(ranks))
+        record = ProcessSet(ranks)
+        free = state_.free_process_set_ids
+        if free:
+            record.process_set_id = free.popleft()
+        else:
+            record.process_set_id = state_.next_process_set_id
+            state_.next_process_set_id += 1
+        if sub != MPI.COMM_NULL:
+            record.comm = sub
+            record.runtime = build_runtime(sub, state_.config, world_ranks=ranks,
+                                           gpu=state_.gpu)
+        record._aliases = weakref.WeakSet()
+        state_.process_sets[record.process_set_id] = record
+
+
+def _adopt(process_set: ProcessSet, record: ProcessSet) -> None:
+    """The user's set now stands for the registered one (until it is removed)."""
+    if process_set is not record:
+        process_set.process_set_id, process_set.ranks = record.process_set_id, list(record.ranks)
+        process_set.runtime, process_set.comm = record.runtime, record.comm
+        record._aliases.add(process_set)
+
+
+def _invalidate(process_set: ProcessSet) -> None:
+    process_set.process_set_id = None
+    process_set.runtime = process_set.comm = None
+
+
+def _resolve_ranks(state_: State, process_set: Any) -> str | None:
+    """Resolve a set made from a communicator to its world ranks; what this rank alone
+    sees wrong with the set's ranks, or None."""
     source = process_set._comm_source
     if source is not None:
         if source == MPI.COMM_NULL:  # comm.Split(MPI.UNDEFINED, ...) gives it
@@ -168,36 +226,50 @@ def _registration_problem(state_: State, process_set: Any) -> str | None:
     if not ranks or len(set(ranks)) != len(ranks) or \
             not all(0 <= r < state_.size for r in ranks):
         return f"process set ranks {ranks} must be distinct ranks in 0..{state_.size - 1}"
-    for existing in state_.process_sets.values():
-        if existing.ranks == ranks and existing.process_set_id != 0:
-            # Horovod's rule: one set per group of ranks (two would share nothing but
-            # the ranks, and unnamed ops of the two would be numbered apart).
+    return None
+
+
+def _existing(state_: State, ranks: list[int]) -> str | None:
+    """add_process_set's refusal of ranks a registered set has (Horovod's rule: one set
+    per group of ranks, the global set's included)."""
+    for set_id, existing in state_.process_sets.items():
+        if existing.ranks == ranks:
+            if set_id == 0:
+                return (f"a process set with ranks {ranks} already exists: the global "
+                        "process set (id 0); use hvd.global_process_set")
             return (f"a process set with ranks {ranks} already exists (process set id "
-                    f"{existing.process_set_id}). Use that ProcessSet, or call "
-                    "hvd.remove_process_set() on it before adding these ranks again")
+                    f"{set_id}). Use that ProcessSet, or call hvd.remove_process_set() on "
+                    "it before adding these ranks again")
     return None
 
 
 def unregister_process_set(process_set: Any) -> bool:
     """Stop the set's runtime and forget it (collective); False for a set not registered
-    (on every rank: the ranks agree on that too)."""
+    and for the global set (on every rank: the ranks agree on that too). Each rank may
+    name the group it is in, of sets added from one comm.Split: all of them go."""
     state_ = state()
     set_id = process_set.process_set_id
-    registered = set_id not in (None, 0) and set_id in state_.process_sets
-    problem = "the global process set cannot be removed" if set_id == 0 else None
-    _agree(state_, ("remove_process_set", set_id if registered else None, problem))
+    record = state_.process_sets.get(set_id) if set_id else None
+    registered = record is not None and record.ranks == process_set.ranks
+    proposals = _agree(state_, ("remove_process_set", set_id if registered else None, None),
+                       {i: record.ranks for i, record in state_.process_sets.items()})
     if not registered:
         return False
-    state_.process_sets.pop(set_id)
-    if process_set.runtime is not None:
-        process_set.runtime.shutdown()  # members agree through their own negotiation
-        _free_if_finished(process_set.runtime, [process_set.comm])
-    process_set.runtime = process_set.comm = None
-    process_set.process_set_id = None
+    for removed in sorted({value for _, value, _ in proposals}):
+        record = state_.process_sets.pop(removed)
+        state_.free_process_set_ids.append(removed)
+        reset_auto_names(removed)
+        if record.runtime is not None:
+            record.runtime.shutdown()  # members agree through their own negotiation
+            _free_if_finished(record.runtime, [record.comm])
+        for alias in [*record._aliases, record]:
+            _invalidate(alias)
+    _invalidate(process_set)
     return True
 
 
-def _agree(state_: State, proposal: Any) -> None:
+def _agree(state_: State, proposal: Any, groups: dict[int, list[int]] | None = None
+           ) -> list[Any]:
     """Gather every rank's proposal through the global runtime and raise the same
     ValueError on every rank if they cannot go ahead together. Through the runtime, a rank
     that fails meanwhile fails this call too; a bare MPI call on the main thread (the
@@ -205,9 +277,11 @@ def _agree(state_: State, proposal: Any) -> None:
     one rank meets a remove on another under one name, and is reported."""
     number = state_.registration_calls
     state_.registration_calls += 1
-    problem = disagreement(allgather_object(proposal, name=f"process_set.call.{number}"))
+    proposals = allgather_object(proposal, name=f"process_set.call.{number}")
+    problem = disagreement(proposals, groups)
     if problem is not None:
         raise ValueError(f"{proposal[0]}: {problem}")
+    return proposals
 
 
 def shutdown() -> None:
@@ -216,12 +290,12 @@ def shutdown() -> None:
         state_ = _current.replace(None)
     if state_ is not None:
         _abort_if_failed(state_)
-        for process_set in list(state_.process_sets.values()):
-            if process_set.runtime is not None and process_set.process_set_id != 0:
-                process_set.runtime.shutdown()
-                _free_if_finished(process_set.runtime, [process_set.comm])
-            process_set.runtime = process_set.comm = None
-            process_set.process_set_id = None
+        for set_id, record in list(state_.process_sets.items()):
+            if record.runtime is not None and set_id != 0:
+                record.runtime.shutdown()
+                _free_if_finished(record.runtime, [record.comm])
+            for process_set in [*getattr(record, "_aliases", ()), record]:
+                _invalidate(process_set)
         state_.runtime.shutdown()
         if state_.watchdog is not None:
             state_.watchdog.stop()

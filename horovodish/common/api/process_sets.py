@@ -34,8 +34,9 @@ class ProcessSet:
         self.runtime: Any = None
         self.comm: Any = None
 
-    def __repr__(self) -> str:
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+    def __repr__(self) -> str:  # Horovod's str() of a set
+        return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
+                f"mpi_comm={self.mpi_comm})")
 
     def _require_registered(self) -> None:
         if self.process_set_id is None:
@@ -67,18 +68,23 @@ class ProcessSet:
 
 global_process_set = ProcessSet(None)
 
-# What each rank proposes to a registration call: the call ("add_process_set" or
-# "remove_process_set"), its rank list (add) or set id (remove), and a problem this rank
-# found on its own (None if none), which every rank then raises.
+# What each rank proposes to a registration call: the call ("init", "add_process_set" or
+# "remove_process_set"), its value (init: per listed set, whether it was made from a
+# communicator and its ranks; add: the rank list; remove: the set's id, None for a set
+# not registered), and a problem this rank found on its own (None if none), which every
+# rank then raises.
 Proposal = tuple[str, Any, "str | None"]
+Entry = tuple[bool, list[int]]  # init's per set: (made from a communicator, ranks)
 
 
-def disagreement(proposals: Sequence[Proposal]) -> str | None:
+def disagreement(proposals: Sequence[Proposal],
+                 groups: dict[int, list[int]] | None = None) -> str | None:
     """Why the ranks' proposals cannot go ahead together, or None if they can.
 
-    An add may give every rank the same list, or give each rank a list it is in and its
-    fellow members give too: disjoint groups (what ProcessSet(comm.Split(...)) gives),
-    each registered under one id, as MPI_Comm_create allows."""
+    A set may have the same ranks on every rank, or give each rank the group it is in,
+    which its fellow members give too: disjoint groups (what ProcessSet(comm.Split(...))
+    gives), each registered under an id of its own, as in Horovod. A remove may likewise
+    name each rank's group (ids looked up in groups, the registered sets' ranks)."""
     calls = {call for call, _, _ in proposals}
     if len(calls) > 1:
         said = "; ".join(f"rank {rank}: {call}({value})"
@@ -94,11 +100,15 @@ def disagreement(proposals: Sequence[Proposal]) -> str | None:
     if problems:
         return "; ".join(problems)
     values = [value for _, value, _ in proposals]
+    if call == "init":
+        return _init_disagreement(values)
     if all(value == values[0] for value in values):
         return None
-    if call == "add_process_set" and all(
-            rank in value and all(values[member] == value for member in value)
-            for rank, value in enumerate(values)):
+    if call == "add_process_set" and _partition(values):
+        return None
+    if call == "remove_process_set" and groups is not None and \
+            all(value in groups for value in values) and \
+            _partition([groups[value] for value in values]):
         return None
     said = "; ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
     if call == "add_process_set":
@@ -107,3 +117,45 @@ def disagreement(proposals: Sequence[Proposal]) -> str | None:
                 "too.")
     return f"the ranks passed different process sets (ids: {said}); every rank passes the " \
            "same set."
+
+
+def _partition(lists: Sequence[list[int]]) -> bool:
+    """Whether each rank's list holds that rank, and every member of it gives that list."""
+    return all(rank in ranks and all(lists[member] == ranks for member in ranks)
+               for rank, ranks in enumerate(lists))
+
+
+def _init_disagreement(entries: Sequence[Sequence[Entry]]) -> str | None:
+    counts = [len(listed) for listed in entries]
+    if len(set(counts)) > 1:
+        said = "; ".join(f"rank {rank}: {count}" for rank, count in enumerate(counts))
+        return f"the ranks passed different numbers of process sets ({said}); every rank " \
+               "passes the same list."
+    for index in range(counts[0]):
+        column = [listed[index][1] for listed in entries]
+        if all(ranks == column[0] for ranks in column) or _partition(column):
+            continue
+        said = "; ".join(f"rank {rank}: {ranks}" for rank, ranks in enumerate(column))
+        return (f"process_sets entry number {index} has different ranks on different ranks "
+                f"({said}); every rank passes the same ranks, or the group of ranks it "
+                "belongs to, which each of them passes too.")
+    return None
+
+
+def new_groups(entries: Sequence[Sequence[Entry]], known: set[tuple[int, ...]]
+               ) -> list[tuple[int, ...]]:
+    """The groups of ranks a registration adds, from every rank's entries, in the order
+    Horovod numbers them: the sets made from communicators first, in list order, each
+    one's groups sorted; then the sets of ranks, in list order. Groups in known (the
+    registered sets') or met before are left out. The same on every rank."""
+    count = len(entries[0]) if entries else 0
+    from_comm = [any(listed[index][0] for listed in entries) for index in range(count)]
+    order = [index for index in range(count) if from_comm[index]] + \
+        [index for index in range(count) if not from_comm[index]]
+    seen, groups = set(known), []
+    for index in order:
+        for group in sorted({tuple(listed[index][1]) for listed in entries}):
+            if group not in seen:
+                seen.add(group)
+                groups.append(group)
+    return groups

@@ -6,6 +6,7 @@ nothing else of the package's API, so every other API module can sit on top of i
 from __future__ import annotations
 
 import importlib.util
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,8 @@ class State:
     homogeneous: bool = True  # every host runs as many ranks (Horovod's is_homogeneous)
     process_sets: dict[int, Any] = field(default_factory=dict)
     next_process_set_id: int = 1
+    # Ids of removed sets, reused first-in first-out before new ones (Horovod's table)
+    free_process_set_ids: deque = field(default_factory=deque)
     registration_calls: int = 0  # add/remove_process_set calls so far (the same on every rank)
     gpu: GpuOperations = GpuOperations()  # the path of CUDA tensors, chosen at init()
     watchdog: Any = None  # heartbeats between hosts (runtime/heartbeat.py), or None

@@ -13,6 +13,7 @@ from worker_support import check, close, expect_error, run_checks  # noqa: E402
 from horovodish.common import api  # noqa: E402
 from horovodish.common.api import (ProcessSet, add_process_set, collectives,  # noqa: E402
                                    global_process_set, objects, remove_process_set)
+from horovodish.common.basics import _basics  # noqa: E402
 from horovodish.common.errors import HorovodInternalError  # noqa: E402
 from horovodish.common.messages import ReduceOp  # noqa: E402
 
@@ -100,17 +101,27 @@ def errors_on_a_set(rank: int, size: int, sets: dict) -> None:
 
 
 def world(rank: int, size: int, sets: dict) -> None:
-    check(global_process_set.mpi_comm == MPI.COMM_WORLD and sets["evens"].mpi_comm is None,
-          "Horovod's mpi_comm: COMM_WORLD for the global set, None for a rank list")
+    check(global_process_set.mpi_comm is None and sets["evens"].mpi_comm is None,
+          "Horovod's mpi_comm: None for the global set of init() without a communicator, "
+          "and for a rank list")
+    check(str(sets["evens"]) == f"ProcessSet(process_set_id={sets['evens'].process_set_id}, "
+          "ranks=[0, 2], mpi_comm=None)", f"Horovod's str(): {sets['evens']}")
     exercise(global_process_set, rank, "world")
 
 
 def set_from_a_communicator(rank: int, size: int, sets: dict) -> None:
-    everyone = add_process_set(ProcessSet(MPI.COMM_WORLD))
-    check(everyone.ranks == list(range(size)) and everyone.mpi_comm is MPI.COMM_WORLD,
-          f"ranks {everyone.ranks}, mpi_comm {everyone.mpi_comm}")
-    exercise(everyone, rank, "everyone")
-    remove_process_set(everyone)
+    pair_comm = MPI.COMM_WORLD.Split(color=0 if rank < 2 else 1, key=rank)
+    pair = add_process_set(ProcessSet(pair_comm))
+    mine = [0, 1] if rank < 2 else [2]
+    check(pair.ranks == mine and pair.mpi_comm is pair_comm,
+          f"ranks {pair.ranks}, mpi_comm {pair.mpi_comm}")
+    exercise(pair, rank, "pair")
+    remove_process_set(pair)
+    # Every rank is the global set: Horovod's rule refuses a second set of them.
+    for everyone in (ProcessSet(MPI.COMM_WORLD), list(range(size))):
+        expect_error(lambda: add_process_set(everyone), ValueError,
+                     "already exists: the global process set (id 0)",
+                     "hvd.global_process_set", "(on every rank)", what="a set of every rank")
 
 
 def registration_disagreements(rank: int, size: int, sets: dict) -> None:
@@ -136,8 +147,11 @@ def registration_disagreements(rank: int, size: int, sets: dict) -> None:
                  ValueError, "different process sets", f"rank 0: {spare.process_set_id}",
                  "rank 2: None", what="removing a set never registered on rank 2")
     expect_error(lambda: remove_process_set(spare if rank else global_process_set),
-                 ValueError, "rank 0: the global process set cannot be removed",
-                 what="removing the global set")
+                 ValueError, "different process sets", "rank 0: None",
+                 f"rank 1: {spare.process_set_id}", what="the global set against another")
+    check(remove_process_set(global_process_set) is False and
+          global_process_set.process_set_id == 0,
+          "removing the global set on every rank did not return False (Horovod's answer)")
     check(remove_process_set(ProcessSet([0, 1])) is False,  # on every rank: nothing to do
           "removing a set never added did not return False")
     # A second set with the same ranks: Horovod's rule (refused), with the existing
@@ -158,11 +172,29 @@ def comm_null_on_one_rank(rank: int, size: int, sets: dict) -> None:
 
 
 def set_per_split_group(rank: int, size: int, sets: dict) -> None:
-    """Each rank its own group (Horovod's ProcessSet(comm.Split(...)) pattern)."""
+    """Each rank its own group (Horovod's ProcessSet(comm.Split(...)) pattern): each
+    group gets an id of its own, as in Horovod, and removing them (each rank its own)
+    frees both ids, which the next sets reuse first in first out, as Horovod's do."""
+    before = _basics._get_process_set_ids_and_ranks()
     halves = add_process_set(ProcessSet(MPI.COMM_WORLD.Split(color=rank % 2, key=rank)))
     check(halves.ranks == ([0, 2] if rank % 2 == 0 else [1]), f"halves: {halves.ranks}")
+    table = _basics._get_process_set_ids_and_ranks()
+    new = {set_id: ranks for set_id, ranks in table.items() if set_id not in before}
+    check(sorted(new.values()) == [[0, 2], [1]] and new[halves.process_set_id] == halves.ranks,
+          f"the groups' ids: {new} (mine {halves.process_set_id})")
+    check(_basics._comm_process_set_id(halves.mpi_comm) == halves.process_set_id,
+          "_comm_process_set_id of the Split communicator")
     exercise(halves, rank, "halves")
-    remove_process_set(halves)
+    check(remove_process_set(halves) and halves.process_set_id is None,
+          f"removing each rank's half: {halves!r}")
+    check(_basics._get_process_set_ids_and_ranks() == before, "both groups were removed")
+    free = list(api.state().free_process_set_ids)
+    check(free[-2:] == sorted(new), f"freed ids {free}, the halves' {sorted(new)} last")
+    first, second = add_process_set([0]), add_process_set([1, 2])
+    check([first.process_set_id, second.process_set_id] == free[:2],
+          f"ids {first.process_set_id}, {second.process_set_id}: not the first freed {free}")
+    remove_process_set(first)
+    remove_process_set(second)
 
 
 def added_again(rank: int, size: int, sets: dict) -> None:
@@ -174,29 +206,54 @@ def added_again(rank: int, size: int, sets: dict) -> None:
 
 def init_again_registers_its_sets(rank: int, size: int, sets: dict) -> None:
     """init() on an initialized process registers the sets it is given (it used to drop
-    them silently); a list with a refused set registers none of them, so a corrected
-    list can be passed again (Horovod's process-set suites do this)."""
+    them silently). As in Horovod (its test_process_sets_static.py): a duplicate in the
+    list (the global set's ranks, or an entry's twice) raises ValueError on every rank
+    and stays unregistered, while the other entries' groups stay registered; a set of
+    ranks a registered set has takes its id."""
     pair = ProcessSet([0, 1])
     api.init(process_sets=[pair])
     check(pair.process_set_id is not None and pair.ranks == [0, 1],
           f"init() again did not register {pair!r}")
     if pair.included():
         exercise(pair, rank, "pair")
-    first, clash = ProcessSet([1, 2]), ProcessSet([0, 2])  # [0, 2]: evens exists
-    expect_error(lambda: api.init(process_sets=[first, clash]), ValueError,
-                 "already exists", what="init() with a set whose ranks a set has")
-    check(first.process_set_id is None and clash.process_set_id is None,
-          f"after the refusal: {first!r}, {clash!r}")
-    api.init(process_sets=[first])
-    check(first.process_set_id == pair.process_set_id + 1,
-          f"{first!r}: the refused call's ids are free again (pair: {pair!r})")
-    if first.included():
-        exercise(first, rank, "first")
+    first, every, again = ProcessSet([1, 2]), ProcessSet([2, 1, 0]), ProcessSet([2, 1])
+    expect_error(lambda: api.init(process_sets=[first, every, again]), ValueError,
+                 "process_sets entry number 1 is a duplicate", what="a duplicate in init()")
+    check(every.process_set_id is None and again.process_set_id is None and
+          first.process_set_id == pair.process_set_id + 1,
+          f"after the refusal: {first!r}, {every!r}, {again!r}")
+    evens = ProcessSet([2, 0])  # the static set's ranks: takes its id
+    api.init(process_sets=[again, evens])
+    check(again.process_set_id == first.process_set_id and
+          evens.process_set_id == sets["evens"].process_set_id,
+          f"{again!r} and {evens!r} take the registered sets' ids")
+    check(_basics._get_process_set_ids_and_ranks() == {
+        0: [0, 1, 2], sets["evens"].process_set_id: [0, 2], pair.process_set_id: [0, 1],
+        first.process_set_id: [1, 2]}, f"{_basics._get_process_set_ids_and_ranks()}")
+    if again.included():
+        exercise(again, rank, "again")
+
+
+def unnamed_ops_pair_after_reinit(rank: int, size: int, sets: dict) -> None:
+    """Set ids restart at 1 after shutdown(), maybe with other members: unnamed ops are
+    numbered from 0 again, or a rank that was in set 1 before would name its op apart
+    from one that was not, and the two would wait for each other (a hang)."""
+    for members in ([0, 1], [1, 2]):
+        api.shutdown()
+        api.init(process_sets="dynamic")
+        group = add_process_set(members)
+        if group.included():
+            mine = np.full(3, float(rank))
+            got = collectives.allreduce_async(
+                mine, None, collectives.auto_name("allreduce", group), ReduceOp.SUM,
+                process_set=group).wait()
+            close(got, np.full(3, float(sum(members))), f"unnamed op on {members}")
 
 
 STATIC_CHECKS = [membership, collectives_on_a_set, errors_on_a_set, world]
 DYNAMIC_CHECKS = [set_from_a_communicator, *STATIC_CHECKS, registration_disagreements,
-                  comm_null_on_one_rank, set_per_split_group, added_again]
+                  comm_null_on_one_rank, set_per_split_group, added_again,
+                  unnamed_ops_pair_after_reinit]
 
 if __name__ == "__main__":
     mode = sys.argv[1]

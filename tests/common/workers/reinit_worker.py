@@ -22,8 +22,9 @@ def init_and_shutdown_alternate(rank: int, size: int) -> None:
     for cycle in range(CYCLES):
         api.init(process_sets="dynamic")
         check((api.rank(), api.size()) == (rank, size), f"cycle {cycle}: rank and size")
-        # Other members every other time (ids restart at 1): unnamed ops must still pair.
-        pair = add_process_set(list(range(size)) if cycle % 2 == 0 else [size - 1])
+        # Other members every other time (ids restart at 1; process_sets_worker checks
+        # that unnamed ops still pair).
+        pair = add_process_set([0] if cycle % 2 == 0 else [size - 1])
         tensors = [np.full(20000, float(rank + cycle), np.float32) for _ in range(2)]
         handles = collectives.grouped_allreduce_async(tensors, [None, None], ["a", "b"],
                                                       ReduceOp.SUM)

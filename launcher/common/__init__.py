@@ -1,0 +1,1 @@
+"""Horovod's ``horovod.runner.common``: what scripts import from it."""
