@@ -166,6 +166,20 @@ def standalone_collectives() -> Iterator[None]:
         graph._horovodish_last_collective = previous
 
 
+def as_one_link(build: Callable[[], Any]) -> Any:
+    """build() in a graph, as one link of its chain of collectives: for an op that holds
+    collectives in a function of its own (a ``tf.cond`` branch, which chains its own),
+    so that it runs after the collectives built before it and those built after it run
+    after it. Returns what build returns."""
+    graph = tf.compat.v1.get_default_graph()
+    previous = getattr(graph, "_horovodish_last_collective", None)
+    with tf.control_dependencies([previous] if previous is not None else []):
+        built = build()
+    first = tf.nest.flatten(built)[0]
+    graph._horovodish_last_collective = getattr(first, "op", first)
+    return built
+
+
 def _listing(names: list[str], shown: int = 8) -> str:
     """The first few names: a ResNet's gradients would make a 10 KB message."""
     if len(names) <= shown:

@@ -29,7 +29,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
     import tensorflow as tf
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         return _legacy(optimizer, name, use_locking, compression, sparse_as_dense,
-                       backward_passes_per_step, op, gradient_predivide_factor,
+                       backward_passes_per_step, average_aggregated_gradients, op,
+                       gradient_predivide_factor,
                        groups if groups is not None else num_groups or None, process_set,
                        scale_local_gradients)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -46,18 +47,15 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
 
 
 def _legacy(optimizer: Any, name: str | None, use_locking: bool, compression: Any,
-            sparse_as_dense: bool, backward_passes_per_step: int, op: ReduceOp,
+            sparse_as_dense: bool, backward_passes_per_step: int,
+            average_aggregated_gradients: bool, op: ReduceOp,
             gradient_predivide_factor: float, groups: Any, process_set: ProcessSet,
             scale_local_gradients: bool) -> Any:
     from .gradient_reduction import GradientReduction
     from .legacy_optimizer import LegacyDistributedOptimizer
-    if backward_passes_per_step != 1:
-        raise NotImplementedError(
-            f"backward_passes_per_step={backward_passes_per_step} with a tf.compat.v1.train "
-            f"optimizer ({type(optimizer).__name__}) is not supported here; accumulate "
-            "the gradients yourself, or use a Keras optimizer, whose wrapper supports it.")
     name = name or f"Distributed{type(optimizer).__name__}"
     reduction = GradientReduction(op, compression, sparse_as_dense, gradient_predivide_factor,
                                   groups, process_set, prefix=name,
                                   scale_local_gradients=scale_local_gradients)
-    return LegacyDistributedOptimizer(optimizer, reduction, name, use_locking)
+    return LegacyDistributedOptimizer(optimizer, reduction, name, use_locking,
+                                      backward_passes_per_step, average_aggregated_gradients)

@@ -10,7 +10,7 @@ from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "graph_worker.py"
 CHECKS = ["broadcast_gradient", "reducescatter_gradient", "errors", "variables",
-          "sparse_average", "legacy_optimizer", "interrupt"]
+          "sparse_average", "legacy_optimizer", "legacy_optimizer_accumulates", "interrupt"]
 
 
 @pytest.mark.parametrize("np_", [1, 2, 3])

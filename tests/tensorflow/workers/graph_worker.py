@@ -169,7 +169,45 @@ def legacy_optimizer(rank: int, size: int) -> None:
           tol=1e-12)
     expect_error(lambda: hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(lr),
                                                   backward_passes_per_step=2),
-                 NotImplementedError, "backward_passes_per_step=2", "GradientDescentOptimizer")
+                 ValueError, "backward_passes_per_step > 1", "eager execution")
+
+
+def legacy_optimizer_accumulates(rank: int, size: int) -> None:
+    """backward_passes_per_step=N around a tf.compat.v1.train optimizer in a session, as
+    Horovod's: each pass adds its gradient locally; every N-th pass reduces the sums
+    (divided by N with average_aggregated_gradients) and applies them, once (momentum
+    sees one update per N passes); global_step counts every pass. Against numpy on the
+    whole batch, on every rank."""
+    features, per_rank, passes, lr, mu = 3, 4, 6, 0.125, 0.5
+    gen = np.random.default_rng(5)
+    x = gen.normal(size=(passes, size * per_rank, features))
+    y = gen.normal(size=(passes, size * per_rank))
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    for every, average in ((2, False), (3, True)):
+        want_w, velocity, summed = np.full(features, 0.5), np.zeros(features), 0
+        trace = []
+        for s in range(passes):  # numpy, one process, the whole batch
+            summed = summed + 2 * x[s].T @ (x[s] @ want_w - y[s]) / len(y[s])
+            if (s + 1) % every == 0:
+                velocity = mu * velocity + summed / (every if average else 1)
+                want_w, summed = want_w - lr * velocity, 0
+            trace.append(want_w)
+        with tf.Graph().as_default():
+            w = v1.get_variable("w", initializer=np.full(features, 0.5), dtype=tf.float64)
+            xs, ys = v1.placeholder(tf.float64, [per_rank, features]), v1.placeholder(tf.float64)
+            loss = tf.reduce_mean((tf.linalg.matvec(xs, w) - ys) ** 2)
+            step = v1.train.get_or_create_global_step()
+            opt = hvd.DistributedOptimizer(v1.train.MomentumOptimizer(lr, mu),
+                                           backward_passes_per_step=every,
+                                           average_aggregated_gradients=average)
+            train = opt.minimize(loss, global_step=step)
+            with v1.train.MonitoredSession() as session:
+                for s in range(passes):
+                    session.run(train, {xs: x[s, mine], ys: y[s, mine]})
+                    close(session.run(w), trace[s], f"every {every} (average {average}): "
+                          f"weights after pass {s + 1}", tol=1e-9)
+                check(session.run(step) == passes, f"global_step {session.run(step)} after "
+                      f"{passes} passes of {every}")
 
 
 def sparse_average(rank: int, size: int) -> None:
@@ -229,4 +267,4 @@ if __name__ == "__main__":
     quiet_tensorflow()
     hvd.init()
     run_checks([broadcast_gradient, reducescatter_gradient, errors, variables, sparse_average,
-                legacy_optimizer, interrupt], hvd.rank(), hvd.size())
+                legacy_optimizer, legacy_optimizer_accumulates, interrupt], hvd.rank(), hvd.size())
