@@ -111,6 +111,7 @@ def run_checks(checks: Sequence[Callable[..., Any]], rank: int, size: int,
         name = fn.__name__
         _failures.clear()
         _comparisons = 0
+        start = time.perf_counter()
         try:
             fn(rank, size, *args)
         except BaseException as exc:  # noqa: BLE001 (reported, then the next check)
@@ -124,7 +125,8 @@ def run_checks(checks: Sequence[Callable[..., Any]], rank: int, size: int,
             _report(f"CHECK {name} rank {rank}/{size}: FAILED: {first}"
                     + "".join(f"\n    also: {more}" for more in rest))
         else:
-            _report(f"CHECK {name} rank {rank}/{size}: ok ({_comparisons} comparisons)")
+            _report(f"CHECK {name} rank {rank}/{size}: ok ({_comparisons} comparisons, "
+                    f"{time.perf_counter() - start:.2f} s)")
     _report(f"DONE rank {rank}/{size}: {len(checks) - failed} passed, {failed} failed")
     if failed:
         sys.stdout.flush()
