@@ -15,6 +15,9 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from ..common.basics import _basics  # noqa: F401  (Horovod's hvd.mpi_ops._basics)
+from ..common import messages as _reduce_ops
+from ..common.util import (gpu_available, get_average_backwards_compatibility_fun,  # noqa: F401
+                           num_rank_is_power_2)  # (Horovod's module has them)
 from ..common import api
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
@@ -379,3 +382,9 @@ def barrier(process_set: ProcessSet = global_process_set) -> Any:
     """Block until every rank (of the set) reaches the barrier. In a tf.compat.v1 graph
     this returns the op, which waits when a session runs it (as Horovod's does)."""
     return ops.barrier(errors.resolve(process_set))
+
+
+# Horovod's module-level helpers: average= or op= to the op a call means; Adasum's old
+# rank-count check.
+handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(_reduce_ops)
+check_num_rank_power_of_2 = num_rank_is_power_2

@@ -10,6 +10,9 @@ from typing import Any, Sequence
 import torch
 
 from ..common.basics import _basics  # noqa: F401  (Horovod's hvd.mpi_ops._basics)
+from ..common import messages as _reduce_ops
+from ..common.util import (gpu_available, get_average_backwards_compatibility_fun,  # noqa: F401
+                           num_rank_is_power_2)  # (Horovod's module has them)
 from ..common.api.process_sets import ProcessSet, global_process_set
 from ..common.messages import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
 from ..common.messages import resolve_op as _resolve_op
@@ -92,3 +95,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
     return autograd.grouped_reducescatter(tensors, name, op, prescale_factor,
                                           postscale_factor, process_set)
+
+
+# Horovod's module-level helpers: average= or op= to the op a call means.
+handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(_reduce_ops)

@@ -87,3 +87,24 @@ def test_extensions_and_builds():
     assert util.mpi_built() and not util.gloo_built() and not util.ccl_built()
     import torch
     assert util.gpu_available("torch") == (torch.cuda.is_available() and util.cuda_built())
+
+
+def test_the_frameworks_modules_carry_horovods_helpers():
+    """Horovod's packages and mpi_ops modules import these helpers into their namespace,
+    and its suites call them there (hvd.gpu_available in test_adasum_tensorflow.py)."""
+    code = ("import horovod.tensorflow as tf_hvd, horovod.torch as torch_hvd\n"
+            "from horovod.torch import mpi_ops as torch_ops\n"
+            "from horovod.tensorflow import mpi_ops as tf_ops\n"
+            "from horovod.common.util import gpu_available\n"
+            "assert tf_hvd.gpu_available is gpu_available is torch_ops.gpu_available\n"
+            "assert tf_hvd.split_list([1, 2, 3, 4], 2) == [[1, 2], [3, 4]]\n"
+            "assert tf_hvd.check_num_rank_power_of_2(8) and not tf_ops.num_rank_is_power_2(6)\n"
+            "for ops in (tf_ops, torch_ops):\n"
+            "    pick = ops.handle_average_backwards_compatibility\n"
+            "    assert pick(None, None) == ops.Average and pick(ops.Sum, None) == ops.Sum\n"
+            "    assert ops.gpu_available is gpu_available\n"
+            "assert torch_hvd.check_extension is tf_hvd.check_extension\n"
+            "print('ok')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, **alias_env()})
+    assert result.stdout.strip() == "ok", result.stderr
