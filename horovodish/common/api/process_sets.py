@@ -74,7 +74,7 @@ global_process_set = ProcessSet(None)
 # not registered), and a problem this rank found on its own (None if none), which every
 # rank then raises.
 Proposal = tuple[str, Any, "str | None"]
-Entry = tuple[bool, list[int]]  # init's per set: (made from a communicator, ranks)
+ListedSet = tuple[bool, list[int]]  # init's per set: (made from a communicator, ranks)
 
 
 def disagreement(proposals: Sequence[Proposal],
@@ -125,7 +125,7 @@ def _partition(lists: Sequence[list[int]]) -> bool:
                for rank, ranks in enumerate(lists))
 
 
-def _init_disagreement(entries: Sequence[Sequence[Entry]]) -> str | None:
+def _init_disagreement(entries: Sequence[Sequence[ListedSet]]) -> str | None:
     counts = [len(listed) for listed in entries]
     if len(set(counts)) > 1:
         said = "; ".join(f"rank {rank}: {count}" for rank, count in enumerate(counts))
@@ -142,7 +142,7 @@ def _init_disagreement(entries: Sequence[Sequence[Entry]]) -> str | None:
     return None
 
 
-def new_groups(entries: Sequence[Sequence[Entry]], known: set[tuple[int, ...]]
+def new_groups(entries: Sequence[Sequence[ListedSet]], known: set[tuple[int, ...]]
                ) -> list[tuple[int, ...]]:
     """The groups of ranks a registration adds, from every rank's entries, in the order
     Horovod numbers them: the sets made from communicators first, in list order, each
