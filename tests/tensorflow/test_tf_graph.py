@@ -1,4 +1,4 @@
-"""Collectives in tf.compat.v1 graphs run by a Session (Horovod's graph mode), on 1, 2 and 3
+"""Collectives in tf.compat.v1 graphs run by a Session (Horovod's graph mode), on 1 and 3
 ranks against numpy: gradients (the broadcast's once hung every rank), Horovod's error
 types, in-place broadcasts, broadcast_global_variables, barrier, sparse averages."""
 from __future__ import annotations
@@ -13,7 +13,9 @@ CHECKS = ["broadcast_gradient", "reducescatter_gradient", "errors", "variables",
           "sparse_average", "legacy_optimizer", "legacy_optimizer_accumulates", "interrupt"]
 
 
-@pytest.mark.parametrize("np_", [1, 2, 3])
+# 1 rank (the size-1 paths) and 3 (uneven, odd): 2 ranks take no path of their own here,
+# and a TensorFlow job costs seconds of imports per rank (CI time).
+@pytest.mark.parametrize("np_", [1, 3])
 def test_graph_mode_collectives(np_):
     result = run_ranks(WORKER, np_, timeout=150)
     assert_ranks_ok(result, np_, CHECKS)
