@@ -72,6 +72,10 @@ class GraphAccumulation:
     def apply(self, apply_now: Callable[[], Any], optimizer: Any,
               grads: Sequence[Any], global_step: Any = None) -> Any:
         """apply_now() on the pass that reduced; otherwise count the step only."""
+        if self.counter is None:
+            raise ValueError("apply_gradients with backward_passes_per_step > 1 needs the "
+                             "wrapper's compute_gradients first (minimize() calls both): "
+                             "the passes are counted there.")
         def count_iteration() -> Any:
             iterations = getattr(optimizer, "iterations", None)
             return iterations.assign_add(1).op if iterations is not None else tf.no_op()

@@ -135,16 +135,11 @@ def run(body: Callable[..., list[np.ndarray]], tensors: Sequence[Any],
             except Exception:  # noqa: BLE001 - a type with another constructor
                 raise exc from None
             raise wrapped from exc
-    graph = tf.compat.v1.get_default_graph()
-    previous = getattr(graph, "_horovodish_last_collective", None)
-    with tf.control_dependencies([previous] if previous is not None else []):
-        # tf.py_function, not tf.numpy_function: only its kernel can fail with
-        # FailedPrecondition (see errors.graph_failure).
-        outs = tf.py_function(graph_body, list(tensors), list(out_dtypes),
-                              name=f"Horovodish{opname.title().replace('_', '')}")
-    # On the graph itself (a reference cycle the collector frees with it), not in a table
-    # keyed by graph, which the op would keep alive.
-    graph._horovodish_last_collective = outs[0].op if out_dtypes else outs
+    # tf.py_function, not tf.numpy_function: only its kernel can fail with
+    # FailedPrecondition (see errors.graph_failure).
+    outs = as_one_link(lambda: tf.py_function(
+        graph_body, list(tensors), list(out_dtypes),
+        name=f"Horovodish{opname.title().replace('_', '')}"))
     return list(outs) if out_dtypes else [outs]  # no outputs: py_function gives the op
 
 
@@ -176,7 +171,9 @@ def as_one_link(build: Callable[[], Any]) -> Any:
     with tf.control_dependencies([previous] if previous is not None else []):
         built = build()
     first = tf.nest.flatten(built)[0]
-    graph._horovodish_last_collective = getattr(first, "op", first)
+    # On the graph itself (a reference cycle the collector frees with it), not in a table
+    # keyed by graph, which the op would keep alive.
+    graph._horovodish_last_collective = first if isinstance(first, tf.Operation) else first.op
     return built
 
 

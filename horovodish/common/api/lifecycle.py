@@ -164,8 +164,13 @@ def register_process_set(process_set: Any) -> None:
     proposals = _agree(state_, ("add_process_set", ranks, problem))
     _create_all(state_, new_groups([[(True, value)] for _, value, _ in proposals],
                                    _known(state_)))
-    _adopt(process_set, next(record for record in state_.process_sets.values()
-                             if record.ranks == ranks))
+    _adopt(process_set, _registered_with(state_, ranks))
+
+
+def _registered_with(state_: State, ranks: list[int]) -> ProcessSet | None:
+    """The registered set (the table's own) with these ranks, or None."""
+    return next((record for record in state_.process_sets.values() if record.ranks == ranks),
+                None)
 
 
 def _known(state_: State) -> set[tuple[int, ...]]:
@@ -232,15 +237,15 @@ def _resolve_ranks(state_: State, process_set: Any) -> str | None:
 def _existing(state_: State, ranks: list[int]) -> str | None:
     """add_process_set's refusal of ranks a registered set has (Horovod's rule: one set
     per group of ranks, the global set's included)."""
-    for set_id, existing in state_.process_sets.items():
-        if existing.ranks == ranks:
-            if set_id == 0:
-                return (f"a process set with ranks {ranks} already exists: the global "
-                        "process set (id 0); use hvd.global_process_set")
-            return (f"a process set with ranks {ranks} already exists (process set id "
-                    f"{set_id}). Use that ProcessSet, or call hvd.remove_process_set() on "
-                    "it before adding these ranks again")
-    return None
+    existing = _registered_with(state_, ranks)
+    if existing is None:
+        return None
+    if existing.process_set_id == 0:
+        return (f"a process set with ranks {ranks} already exists: the global process set "
+                "(id 0); use hvd.global_process_set")
+    return (f"a process set with ranks {ranks} already exists (process set id "
+            f"{existing.process_set_id}). Use that ProcessSet, or call "
+            "hvd.remove_process_set() on it before adding these ranks again")
 
 
 def unregister_process_set(process_set: Any) -> bool:
@@ -255,14 +260,14 @@ def unregister_process_set(process_set: Any) -> bool:
                        {i: record.ranks for i, record in state_.process_sets.items()})
     if not registered:
         return False
-    for removed in sorted({value for _, value, _ in proposals}):
-        record = state_.process_sets.pop(removed)
-        state_.free_process_set_ids.append(removed)
-        reset_auto_names(removed)
-        if record.runtime is not None:
-            record.runtime.shutdown()  # members agree through their own negotiation
-            _free_if_finished(record.runtime, [record.comm])
-        for alias in [*record._aliases, record]:
+    for removed_id in sorted({value for _, value, _ in proposals}):
+        removed = state_.process_sets.pop(removed_id)
+        state_.free_process_set_ids.append(removed_id)
+        reset_auto_names(removed_id)
+        if removed.runtime is not None:
+            removed.runtime.shutdown()  # members agree through their own negotiation
+            _free_if_finished(removed.runtime, [removed.comm])
+        for alias in [*removed._aliases, removed]:
             _invalidate(alias)
     _invalidate(process_set)
     return True
