@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated frameworks whose paths to time, if installed "
                              "(default torch,tensorflow; empty: the core API only)")
     parser.add_argument("--no-training", action="store_true",
-                        help="skip the training step against torch DDP")
+                        help="skip the training steps against torch DDP")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternating rounds per measurement (bursts and the training "
                              "step take two more)")
@@ -75,8 +75,9 @@ def main(argv: list[str] | None = None) -> None:
             comm, [s for s in OTHER_SIZES if s <= args.max_bytes], args.rounds,
             tensorflow="tensorflow allreduce" in paths)
     if not args.no_training and "torch allreduce" in paths:
-        from .training import training_step
+        from .training import many_tensor_step, training_step
         figures["training"] = training_step(comm, rounds=args.rounds + 2)
+        figures["many_tensors"] = many_tensor_step(comm, rounds=args.rounds + 2)
     mode_after = sharing_cost(comm)
     if mode_before is not None and mode_after is not None:
         figures["sharing"] = {"before": mode_before, "after": mode_after}

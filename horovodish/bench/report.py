@@ -51,6 +51,20 @@ def print_report(size: int, figures: dict) -> None:
         phases = step["phases_s"]
         print("  our step: " + ", ".join(f"{k.replace('_', ' ')} {v * 1e3:.2f} ms"
                                          for k, v in phases.items()))
+    many = figures.get("many_tensors")
+    if many:
+        print(f"\nmany-tensor step, {many['parameter_tensors']} parameter tensors, batch "
+              f"{many['batch_per_rank']} per rank, one torch thread per rank:")
+        for key, value in many["ms_per_step"].items():
+            low, high = many["ms_per_step_range"][key]
+            print(f"  {key:34s} {value:7.2f} ms per step ({low:.2f} to {high:.2f})")
+        for key, value in many["added_us_per_tensor"].items():
+            low, high = many["added_us_per_tensor_range"][key]
+            print(f"  host time {key} adds per parameter tensor: {value:6.2f} us "
+                  f"({low:.2f} to {high:.2f})")
+        low, high = many["ours_added_over_ddp_added_range"]
+        print(f"  horovodish's added time / DDP's: {many['ours_added_over_ddp_added']:.2f}x "
+              f"({low:.2f} to {high:.2f} over rounds)")
     idle = figures["idle"]
     print(f"\nidle cost: the idle runtime thread uses {idle['runtime_thread_cpu_percent']:.2f}% "
           f"of a core while a compute-bound loop runs; the loop runs "

@@ -1,11 +1,15 @@
 """A training step through DistributedOptimizer against torch DDP (gloo) and against
-the same step with no communication at all (the bound), and where its time goes."""
+the same step with no communication at all (the bound), and where its time goes; and a
+many-tensor step (162 small parameter tensors) that shows the host time each reducer
+adds per parameter tensor."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import statistics
 import time
+from typing import Iterator
 
 from mpi4py import MPI
 
@@ -22,10 +26,70 @@ def _mlp(torch, widths: list[int]):
     return torch.nn.Sequential(*layers)
 
 
+def many_tensor_model(torch, blocks: int = 40, width: int = 64, classes: int = 10):
+    """40 blocks of Linear(64, 64) + LayerNorm(64) + Tanh and a Linear(64, 10) head: 162
+    parameter tensors of at most 16 KiB, where a reducer's cost per tensor dominates."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(blocks):
+        layers += [torch.nn.Linear(width, width), torch.nn.LayerNorm(width), torch.nn.Tanh()]
+    layers.append(torch.nn.Linear(width, classes))
+    return torch.nn.Sequential(*layers)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _gloo(hvd) -> Iterator[None]:
+    """torch.distributed on gloo over loopback, beside horovodish, for DDP's side."""
+    import torch.distributed as dist
+    port = hvd.broadcast_object(_free_port() if hvd.rank() == 0 else None, root_rank=0,
+                                name="bench.gloo.port")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=hvd.rank(), world_size=hvd.size())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _side_by_side(comm: MPI.Comm, build, batch: int, features: int, classes: int,
+                  rounds: int, budget: float) -> tuple[dict, dict[str, list[float]]]:
+    """The same model (``build()``), data and SGD under DistributedOptimizer, DDP and no
+    communication, timed in alternating rounds: the models and seconds per step."""
+    import torch
+    import torch.nn.functional as F
+
+    from .. import torch as hvd
+    gen = torch.Generator().manual_seed(1 + hvd.rank())
+    data = torch.randn(batch, features, generator=gen)
+    target = torch.randint(0, classes, (batch,), generator=gen)
+    ours_model = build()
+    ours = hvd.DistributedOptimizer(torch.optim.SGD(ours_model.parameters(), lr=0.01),
+                                    named_parameters=ours_model.named_parameters())
+    ddp_model = torch.nn.parallel.DistributedDataParallel(build())
+    ddp = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
+    local_model = build()
+    local = torch.optim.SGD(local_model.parameters(), lr=0.01)
+
+    def stepper(model, optimizer):
+        def step() -> None:
+            optimizer.zero_grad()
+            F.cross_entropy(model(data), target).backward()
+            optimizer.step()
+        return step
+    contenders = {OURS: stepper(ours_model, ours), DDP: stepper(ddp_model, ddp),
+                  BOUND: stepper(local_model, local)}
+    return ({"model": ours_model, "optimizer": ours, "data": data, "target": target},
+            alternating(contenders, comm, rounds, budget))
+
+
+OURS, DDP, BOUND = "horovodish DistributedOptimizer", "torch DDP (gloo)", "no communication"
 
 
 def training_step(comm: MPI.Comm, widths: list[int] | None = None, batch: int = 64,
@@ -33,53 +97,59 @@ def training_step(comm: MPI.Comm, widths: list[int] | None = None, batch: int = 
     """Steps per second of each contender (median over rounds), the ratios, and a
     phase breakdown of our step (seconds per step, each phase timed on its own)."""
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
 
     from .. import torch as hvd
     widths = widths or [784, 1024, 1024, 10]
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
-    port = hvd.broadcast_object(_free_port() if hvd.rank() == 0 else None, root_rank=0,
-                                name="bench.gloo.port")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=hvd.rank(), world_size=hvd.size())
-    try:
-        gen = torch.Generator().manual_seed(1 + hvd.rank())
-        data = torch.randn(batch, widths[0], generator=gen)
-        target = torch.randint(0, widths[-1], (batch,), generator=gen)
-        ours_model = _mlp(torch, widths)
-        ours = hvd.DistributedOptimizer(torch.optim.SGD(ours_model.parameters(), lr=0.01),
-                                        named_parameters=ours_model.named_parameters())
-        ddp_model = torch.nn.parallel.DistributedDataParallel(_mlp(torch, widths))
-        ddp = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
-        local_model = _mlp(torch, widths)
-        local = torch.optim.SGD(local_model.parameters(), lr=0.01)
-
-        def stepper(model, optimizer):
-            def step() -> None:
-                optimizer.zero_grad()
-                F.cross_entropy(model(data), target).backward()
-                optimizer.step()
-            return step
-        contenders = {"horovodish DistributedOptimizer": stepper(ours_model, ours),
-                      "torch DDP (gloo)": stepper(ddp_model, ddp),
-                      "no communication": stepper(local_model, local)}
-        times = alternating(contenders, comm, rounds, budget)
+    with _gloo(hvd):
+        ours, times = _side_by_side(comm, lambda: _mlp(torch, widths), batch, widths[0],
+                                    widths[-1], rounds, budget)
         rate = {key: 1.0 / statistics.median(values) for key, values in times.items()}
         ratios = {
-            "over_ddp": statistics.median(d / o for o, d in zip(
-                times["horovodish DistributedOptimizer"], times["torch DDP (gloo)"])),
-            "ddp_over_bound": statistics.median(b / d for d, b in zip(
-                times["torch DDP (gloo)"], times["no communication"])),
-            "ours_over_bound": statistics.median(b / o for o, b in zip(
-                times["horovodish DistributedOptimizer"], times["no communication"])),
+            "over_ddp": statistics.median(d / o for o, d in zip(times[OURS], times[DDP])),
+            "ddp_over_bound": statistics.median(b / d for d, b in zip(times[DDP],
+                                                                       times[BOUND])),
+            "ours_over_bound": statistics.median(b / o for o, b in zip(times[OURS],
+                                                                        times[BOUND])),
         }
         return {"widths": widths, "batch_per_rank": batch, "threads": torch.get_num_threads(),
                 "steps_per_s": rate, **ratios,
-                "phases_s": _phases(comm, ours_model, ours, data, target, F)}
+                "phases_s": _phases(comm, ours["model"], ours["optimizer"], ours["data"],
+                                    ours["target"], F)}
+
+
+def many_tensor_step(comm: MPI.Comm, batch: int = 32, rounds: int = 5,
+                     budget: float = 0.3) -> dict:
+    """The 162-tensor model under each contender: ms per step, and the host time that
+    DDP and DistributedOptimizer add over the plain step per parameter tensor (median
+    of the per-round figures, and their range). One torch thread per rank: the step is
+    host-bound, and what is measured is the reducers' Python and C++ per tensor."""
+    import torch
+
+    from .. import torch as hvd
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with _gloo(hvd):
+            ours, times = _side_by_side(comm, lambda: many_tensor_model(torch), batch, 64,
+                                        10, rounds, budget)
     finally:
-        dist.destroy_process_group()
+        torch.set_num_threads(threads)
+    tensors = sum(1 for p in ours["model"].parameters() if p.requires_grad)
+    added = {key: [(t - b) / tensors for t, b in zip(times[key], times[BOUND])]
+             for key in (OURS, DDP)}
+    ratio = [o / d if d > 0 else float("inf") for o, d in zip(added[OURS], added[DDP])]
+    return {"parameter_tensors": tensors, "batch_per_rank": batch,
+            "ms_per_step": {key: statistics.median(v) * 1e3 for key, v in times.items()},
+            "ms_per_step_range": {key: [min(v) * 1e3, max(v) * 1e3]
+                                  for key, v in times.items()},
+            "added_us_per_tensor": {key: statistics.median(v) * 1e6
+                                    for key, v in added.items()},
+            "added_us_per_tensor_range": {key: [min(v) * 1e6, max(v) * 1e6]
+                                          for key, v in added.items()},
+            "ours_added_over_ddp_added": statistics.median(ratio),
+            "ours_added_over_ddp_added_range": [min(ratio), max(ratio)]}
 
 
 def _phases(comm: MPI.Comm, model, optimizer, data, target, F, steps: int = 30) -> dict:

@@ -32,6 +32,10 @@ class GradientBuckets:
             self._set(groups)
 
     @property
+    def buckets(self) -> list[list[torch.Tensor]]:
+        return self._buckets
+
+    @property
     def learning(self) -> bool:
         return self._order is not None
 

@@ -38,12 +38,14 @@ class GradBucket:
 
     def __init__(self, index: int, parameters: Sequence[torch.Tensor], names: Sequence[str],
                  gradients: Sequence[torch.Tensor], op: ReduceOp, prescale: float,
-                 postscale: float, process_set: ProcessSet, step: int) -> None:
+                 postscale: float, process_set: ProcessSet, step: int,
+                 buffer: torch.Tensor | None = None) -> None:
         self._index = index
         self._parameters = list(parameters)
         self._names = list(names)
         self._gradients = list(gradients)
-        self._buffer: torch.Tensor | None = None
+        # A flat bucket's tensor, whose views the gradients are; else built on demand.
+        self._buffer = buffer
         self.op, self.prescale, self.postscale = op, prescale, postscale
         self.process_set, self.step = process_set, step
         self.name = f"{self._names[0]}.{len(self._names)}"
@@ -61,6 +63,9 @@ class GradBucket:
 
     def gradients(self) -> list[torch.Tensor]:
         """Views of ``buffer()`` shaped as the gradients."""
+        if self._buffer is not None and self._gradients and \
+                self._gradients[0].data_ptr() == self._buffer.data_ptr():
+            return list(self._gradients)
         buffer, views, offset = self.buffer(), [], 0
         for grad in self._gradients:
             views.append(buffer[offset:offset + grad.numel()].view(grad.shape))

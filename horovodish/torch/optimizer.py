@@ -49,28 +49,24 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-import weakref
-from collections import Counter, deque
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections import Counter
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
-from . import mpi_ops
-from .buckets import GradientBuckets
-from .comm_hooks import CommHook, GradBucket
+from .comm_hooks import CommHook
 from .compression import Compression
 from .functions import load_state_in_place
-from .sparse import sparse_allreduce_async, sparse_zeros
-from .tracked import check_tracked
+from .reducer import Reducer
+from .tracked import UntrackedGradients
 from .zero import _ShardedOptimizer, sharded_class
-
-_STATS_KEPT = 1000
 
 
 class _DistributedOptimizer:
-    """Mixed in before the wrapped optimizer's class; state lives in ``_hvd_*`` fields."""
+    """Mixed in before the wrapped optimizer's class; the gradient path is one
+    ``Reducer`` (reducer.py), kept as ``_hvd_reducer``."""
 
     def _hvd_setup(self, names: dict[torch.Tensor, str], compression: Any,
                    backward_passes_per_step: int, op: ReduceOp, predivide: float,
@@ -79,141 +75,41 @@ class _DistributedOptimizer:
                    buffer_sync: Callable[[], None] | None,
                    gradient_as_bucket_view: bool = True) -> None:
         self._parameter_names = names
-        self._hvd_params = [p for group in self.param_groups for p in group["params"]
-                            if p.requires_grad]
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         self._hvd_compression = compression
-        self._hvd_op = op
-        self._hvd_scale = (1.0 / predivide, predivide) if op == ReduceOp.AVERAGE else (1.0, 1.0)
-        self._hvd_sparse_as_dense = sparse_as_dense
-        self._hvd_process_set = process_set
-        self._hvd_member = process_set.included()
         self._hvd_buffer_sync = buffer_sync
-        # Results as views of runtime blocks (no copy back), or reduced in place into the
-        # gradient tensors (Horovod's semantics: param.grad keeps its identity).
-        self._hvd_as_view = gradient_as_bucket_view
-        self._hvd_buckets = GradientBuckets(bucket_cap_mb * 2 ** 20, groups)
-        self._hvd_sparse: dict[torch.Tensor, int] = {}  # sparse_dim of sparse gradients
-        self._hvd_agreed = False  # on sparsity (and bucket order): see _hvd_agree
-        # (handle, or a comm hook's finish; params, compression contexts, sent as sparse)
-        self._hvd_pending: list[tuple[Any, list[torch.Tensor], list[Any], bool]] = []
-        self._hvd_comm_hook: tuple[Any, CommHook] | None = None
-        self._hvd_steps = 0  # synchronized steps, for comm hooks (GradBucket.step)
-        self._hvd_submitted: set[torch.Tensor] = set()
+        self._hvd_reducer = Reducer(params, names, compression, op, predivide,
+                                    sparse_as_dense, process_set, bucket_cap_mb, groups,
+                                    gradient_as_bucket_view, backward_passes_per_step)
+        self._hvd_untracked = UntrackedGradients(self, set(params), names)
         self._hvd_should_sync = True
         self._hvd_synchronized = False
-        self._hvd_stats: deque[dict[str, int]] = deque(maxlen=_STATS_KEPT)
-        self._hvd_step_start: tuple[int, int, int] | None = None
-        self._hvd_submissions = 0
-        self._hvd_arrivals = 0  # gradients final for this step so far (hook order)
-        self._hvd_submitted_after: list[int] = []
-        self.set_backward_passes_per_step(backward_passes_per_step)
-        me = weakref.ref(self)
-
-        def hook(param: torch.Tensor) -> None:
-            optimizer = me()
-            if optimizer is not None:
-                optimizer._hvd_grad_ready(param)
-        handles = [p.register_post_accumulate_grad_hook(hook) for p in self._hvd_params]
-        # Hooks outlive a dropped optimizer otherwise, and would keep reducing gradients.
-        weakref.finalize(self, _remove, handles)
+        self.backward_passes_per_step = self._hvd_reducer.passes
 
     # -- public API --------------------------------------------------------------------
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Reduce on every passes-th backward; gradients accumulate locally in between."""
-        if int(passes) < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
-        self.backward_passes_per_step = int(passes)
-        self._hvd_delay = {p: self.backward_passes_per_step for p in self._hvd_params}
+        self._hvd_reducer.set_passes(passes)
+        self.backward_passes_per_step = self._hvd_reducer.passes
 
     def synchronize(self) -> None:
         """Finish every gradient reduction of this step (submitting what no hook sent)."""
-        if not self._hvd_member:
-            self._hvd_synchronized = True
-            return
-        leftovers = [p for p in self._hvd_params if p not in self._hvd_submitted]
-        try:
-            check_tracked(self, self._hvd_delay, self._parameter_names)
-            # Before the zeros for gradients this rank lacks: whether to send them
-            # sparse depends on what the other ranks had.
-            order = self._hvd_agree(leftovers) if not self._hvd_agreed else None
-            if leftovers:
-                self._hvd_submit(leftovers)
-            self._hvd_install_results()
-        except Exception:
-            # A failed reduction (a lost or mismatched peer) ends the step: whatever
-            # else is in flight is waited out, and the next backward starts afresh (an
-            # elastic retry would otherwise find reductions pending for good).
-            self._hvd_abandon_step()
-            raise
-        self._hvd_next_step()
-        self._hvd_buckets.end_step()
-        if order is not None:  # settled, in a step that went through on this rank
-            self._hvd_agreed = True
-        if self._hvd_buckets.learning:
-            if order is None:  # not every rank took part: learn on a later step
-                self._hvd_buckets.forget_order()
-            else:
-                self._hvd_buckets.learn(order)
-        self._hvd_record_stats()
-        self._hvd_steps += 1
-        self._hvd_synchronized = True
-
-    def _hvd_next_step(self) -> None:
-        """Nothing pending or submitted, every parameter's pass count full again."""
-        self._hvd_pending.clear()
-        self._hvd_submitted.clear()
-        for param in self._hvd_params:
-            self._hvd_delay[param] = self.backward_passes_per_step
-
-    def _hvd_install_results(self) -> None:
-        while self._hvd_pending:  # popped first: a failure leaves the rest to abandon
-            handle, params, ctxs, sparse = self._hvd_pending.pop(0)
-            outputs = handle() if callable(handle) else mpi_ops.synchronize(handle)
-            if isinstance(outputs, torch.Tensor) and not sparse:  # a hook's flat result
-                outputs = _split(outputs, params)
-            if sparse:
-                params[0].grad = outputs
-                continue
-            for param, output, ctx in zip(params, outputs, ctxs):
-                reduced = self._hvd_compression.decompress(output, ctx)
-                grad = param.grad
-                if reduced is grad:  # reduced in place
-                    continue
-                # A sparse gradient reduced as dense (sparse_as_dense, or in a group) goes
-                # back sparse, as Horovod's does: the optimizer was chosen for sparse
-                # gradients (SparseAdam refuses dense ones). A result in a runtime block
-                # (or a fresh decompressed tensor) is installed rather than copied over
-                # the old gradient, unless the caller asked to keep gradient tensors or
-                # the parameter has another memory layout.
-                sparse_dim = self._hvd_sparse.get(param)
-                if sparse_dim is not None:
-                    param.grad = reduced.to_sparse(sparse_dim)
-                elif grad.is_sparse or (self._hvd_as_view and param.is_contiguous()
-                                        and reduced.dtype == grad.dtype):
-                    param.grad = reduced
-                else:
-                    grad.copy_(reduced)
-
-    def _hvd_abandon_step(self) -> None:
-        """Forget this step's reductions (each waited out, its error dropped) and the
-        gradients accumulated towards it."""
-        for handle, *_ in self._hvd_pending:
+        reducer = self._hvd_reducer
+        if reducer.member:
             try:
-                handle() if callable(handle) else mpi_ops.synchronize(handle)
+                self._hvd_untracked.check()
             except Exception:
-                pass
-        self._hvd_next_step()
-        self._hvd_buckets.abandon_step()
-        self._hvd_step_start = None
-        self._hvd_submissions = self._hvd_arrivals = 0
-        self._hvd_submitted_after = []
-        self._hvd_synchronized = False
+                reducer.abandon_step()
+                raise
+            reducer.synchronize()
+        self._hvd_synchronized = True
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load as torch does, but in place (see functions.load_state_in_place), and
         abandon a step in progress, as Horovod does: an elastic restore follows a
         failed step."""
-        self._hvd_abandon_step()
+        self._hvd_reducer.abandon_step()
+        self._hvd_synchronized = False
         load_state_in_place(self, state_dict, super().load_state_dict)
 
     def register_comm_hook(self, state: Any, hook: CommHook) -> None:
@@ -222,19 +118,16 @@ class _DistributedOptimizer:
         ``hvd.fp16_compress_hook``, ``hvd.bf16_compress_hook``, and ``hvd.powersgd_hook``
         with a ``hvd.PowerSGDState``. Every rank registers the same hook, once, before
         the first backward. Sparse gradients (unless ``sparse_as_dense``) bypass it."""
-        if self._hvd_comm_hook is not None:
+        if self._hvd_reducer.comm_hook is not None:
             raise RuntimeError("register_comm_hook: a communication hook is registered "
                                "already (one per optimizer, as in DDP)")
         if self._hvd_compression is not Compression.none:
             raise ValueError("register_comm_hook: this optimizer compresses already "
                              f"(compression={self._hvd_compression.__name__}); use the "
                              "hook alone (e.g. hvd.fp16_compress_hook)")
-        if self._hvd_pending or self._hvd_steps or self._hvd_submitted:
-            raise RuntimeError("register_comm_hook: register the hook before the first "
-                               "backward pass")
         if not callable(hook):
             raise TypeError(f"register_comm_hook: hook must be callable, got {hook!r}")
-        self._hvd_comm_hook = (state, hook)
+        self._hvd_reducer.register_comm_hook(state, hook)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -259,160 +152,36 @@ class _DistributedOptimizer:
         return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._hvd_submitted or self._hvd_pending or any(
-                d != self.backward_passes_per_step for d in self._hvd_delay.values()):
+        """As torch's, except for gradients in flat buckets (from the second step on):
+        those are zeroed in place and stay views of their bucket, whatever
+        ``set_to_none`` says (see docs/pytorch.md, "Flat gradient buckets")."""
+        reducer = self._hvd_reducer
+        if reducer.pending_work():
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(): gradient reductions are "
                 "pending (or accumulating for backward_passes_per_step), and zeroing now "
                 "would race with them. Call step() (or synchronize()) first.")
-        super().zero_grad(set_to_none)
+        if reducer.flat:
+            reducer.zero_grad(set_to_none)
+        else:
+            super().zero_grad(set_to_none)
 
     def negotiation_stats(self) -> list[dict[str, int]]:
         """Per synchronized step (oldest first, the last 1000): runtime ``cycles``,
-        ``slow_cycles`` and ``fast_cycles`` from this step's first gradient submission to
-        the end of synchronize(); ``submissions`` (calls into the core); ``gradients``
-        (hooks that found a final gradient); and ``submitted_after``: for each submission,
-        how many gradients had arrived when it went out. With learned buckets that follow
-        execution it rises in step with arrivals (e.g. [4, 8, 12] for three buckets of
-        four); a bucket whose members arrive far apart shows as a late entry."""
-        return list(self._hvd_stats)
-
-    # -- gradient flow -----------------------------------------------------------------
-    def _hvd_grad_ready(self, param: torch.Tensor) -> None:
-        if not self._hvd_member:
-            return
-        if param in self._hvd_submitted or self._hvd_delay[param] <= 0:
-            raise AssertionError(
-                f"the gradient of '{self._parameter_names[param]}' was computed more than "
-                f"backward_passes_per_step={self.backward_passes_per_step} times before "
-                "step(). Call step() after each backward, or increase "
-                "backward_passes_per_step to accumulate gradients locally.")
-        self._hvd_delay[param] -= 1
-        if self._hvd_delay[param] > 0:
-            return
-        self._hvd_arrivals += 1
-        grad = param.grad
-        if grad is not None and grad.is_sparse:
-            self._hvd_sparse.setdefault(param, grad.sparse_dim())
-            if self._hvd_sends_sparse(param):
-                self._hvd_submit([param])
-                return
-        ready = self._hvd_buckets.ready(param)
-        if ready:
-            self._hvd_submit(ready)
-
-    def _hvd_sends_sparse(self, param: torch.Tensor) -> bool:
-        """Sparse gradients travel as (indices, values) unless asked for dense, or their
-        parameter sits in a bucket (buckets are dense)."""
-        return not self._hvd_sparse_as_dense and self._hvd_buckets.index(param) is None
-
-    def _hvd_submit(self, params: Sequence[torch.Tensor]) -> None:
-        if self._hvd_step_start is None:
-            self._hvd_step_start = self._hvd_counters()
-        self._hvd_submitted_after.append(self._hvd_arrivals)
-        self._hvd_submitted.update(params)
-        dense, tensors, ctxs, names = [], [], [], []
-        for param in params:
-            name = self._parameter_names[param]  # the op prefix is names_for's, as Horovod's
-            sparse = param in self._hvd_sparse and self._hvd_sends_sparse(param)
-            if param.grad is None:  # no gradient on this rank: contribute zeros
-                param.grad = sparse_zeros(param, self._hvd_sparse[param]) if sparse \
-                    else torch.zeros_like(param)
-            grad = param.grad
-            if sparse and grad.is_sparse:
-                handle = sparse_allreduce_async(grad, name, self._hvd_op,
-                                                self._hvd_process_set)
-                self._hvd_pending.append((handle, [param], [None], True))
-                self._hvd_submissions += 1
-                continue
-            compressed, ctx = self._hvd_compression.compress(
-                grad.to_dense() if grad.is_sparse else grad)
-            dense.append(param)
-            tensors.append(compressed)
-            ctxs.append(ctx)
-            names.append(name)
-        if tensors and self._hvd_comm_hook is not None:
-            state, hook = self._hvd_comm_hook
-            bucket = GradBucket(len(self._hvd_pending), dense,
-                                [self._parameter_names[p] for p in dense], tensors,
-                                self._hvd_op, *self._hvd_scale, self._hvd_process_set,
-                                self._hvd_steps)
-            self._hvd_pending.append((hook(state, bucket), dense, ctxs, False))
-            self._hvd_submissions += 1
-        elif tensors:
-            prescale, postscale = self._hvd_scale
-            allreduce = mpi_ops.grouped_allreduce_into_runtime_async if self._hvd_as_view \
-                else mpi_ops.grouped_allreduce_async_
-            handle = allreduce(
-                tensors, name=names, op=self._hvd_op, prescale_factor=prescale,
-                postscale_factor=postscale, process_set=self._hvd_process_set)
-            self._hvd_pending.append((handle, dense, ctxs, False))
-            self._hvd_submissions += 1
-
-    def _hvd_agree(self, unseen: list[torch.Tensor]) -> list[torch.Tensor] | None:
-        """First steps: agree across ranks on which gradients are sparse (so that a rank
-        without one sends an empty sparse gradient, not dense zeros under another name)
-        and on one gradient order to bucket by (so that every rank fuses alike).
-
-        One Sum allreduce of integer counts, not an allgather: a rank that has joined
-        takes part with zeros. Entries go by parameter name (ranks may list parameters in
-        different orders). The sparse gradients the ranks that took part report apply at
-        once; the order waits for a step every rank takes part in (the counts show it),
-        since a joined rank learns nothing and every rank must bucket alike. The order
-        is by the ranks' summed positions (ties by name), the same on every rank.
-        Returns the order to bucket by, or None while not settled."""
-        names = self._parameter_names
-        params = sorted(self._hvd_params, key=names.__getitem__)
-        count = len(params)
-        position = {p: i + 1 for i, p in enumerate(self._hvd_buckets.recorded(unseen))}
-        mine = torch.zeros(1 + 3 * count, dtype=torch.int64)
-        mine[0] = 1
-        for i, param in enumerate(params):
-            mine[1 + i] = position.get(param, count + 1)
-            if param in self._hvd_sparse:
-                mine[1 + count + i] = 1
-                mine[1 + 2 * count + i] = self._hvd_sparse[param] + 1
-        if self._hvd_process_set.size() > 1:
-            name = f"DistributedOptimizer.agree.{count}.{names[params[0]]}" if params \
-                else "DistributedOptimizer.agree.0"
-            total = mpi_ops.allreduce(mine, name=name, op=ReduceOp.SUM,
-                                      process_set=self._hvd_process_set)
-        else:
-            total = mine
-        sums = total[1:1 + count].tolist()
-        had_sparse = total[1 + count:1 + 2 * count].tolist()
-        dims = total[1 + 2 * count:].tolist()
-        self._hvd_sparse.update({p: dims[i] // had_sparse[i] - 1
-                                 for i, p in enumerate(params) if had_sparse[i]})
-        if int(total[0]) < self._hvd_process_set.size():
-            return None
-        ranked = sorted(range(count), key=lambda i: (sums[i], names[params[i]]))
-        return [params[i] for i in ranked if params[i] not in self._hvd_sparse]
+        ``slow_cycles`` and ``fast_cycles`` from this step's first submission to the end
+        of synchronize(); ``submissions`` (calls into the core); ``gradients`` (gradients
+        found final by hooks, or sent in a flat bucket); ``submitted_after``: for each
+        submission, how many gradients were final when it went out (with learned
+        buckets that follow execution it rises in step with arrivals, e.g. [4, 8, 12]
+        for three buckets of four); and ``buckets_at_synchronize``: flat buckets that no
+        hook found complete, sent by synchronize() (a changed graph)."""
+        return list(self._hvd_reducer.stats)
 
     def _hvd_restart_agreement(self) -> None:
-        """Agree (and learn buckets) afresh from the next step, as a worker that joins an
-        elastic job does: called on every rank by broadcast_optimizer_state."""
-        self._hvd_agreed = False
-        self._hvd_buckets.relearn()
-
-    def _hvd_counters(self) -> tuple[int, int, int]:
-        runtime = self._hvd_process_set.runtime
-        return runtime.cycles, runtime.controller.slow_cycles, runtime.controller.fast_cycles
-
-    def _hvd_record_stats(self) -> None:
-        if self._hvd_step_start is None:
-            return
-        end = self._hvd_counters()
-        cycles, slow, fast = (b - a for a, b in zip(self._hvd_step_start, end))
-        self._hvd_stats.append({"cycles": cycles, "slow_cycles": slow, "fast_cycles": fast,
-                                "submissions": self._hvd_submissions,
-                                "gradients": self._hvd_arrivals,
-                                "submitted_after": self._hvd_submitted_after})
-        self._hvd_step_start = None
-        self._hvd_submissions = 0
-        self._hvd_arrivals = 0
-        self._hvd_submitted_after = []
+        """Agree (and learn buckets) afresh from the next step: called on every rank by
+        broadcast_optimizer_state."""
+        self._hvd_reducer.restart_agreement()
 
 
 def _adasum_optimizer(optimizer: torch.optim.Optimizer,
@@ -462,23 +231,6 @@ def _sharded_optimizer(optimizer: torch.optim.Optimizer,
 _DistributedOptimizer.step.hooked = True  # type: ignore[attr-defined]
 
 _classes: dict[type, type] = {}
-
-
-def _split(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """A hook's flat result as one view per parameter."""
-    if flat.numel() != sum(p.numel() for p in params):
-        raise ValueError(f"a communication hook returned {flat.numel()} values for a bucket "
-                         f"of {sum(p.numel() for p in params)}")
-    views, offset = [], 0
-    for param in params:
-        views.append(flat[offset:offset + param.numel()].view(param.shape))
-        offset += param.numel()
-    return views
-
-
-def _remove(handles: list[Any]) -> None:
-    for handle in handles:
-        handle.remove()
 
 
 def _distributed_class(base: type) -> type:

@@ -8,6 +8,7 @@ such gradients and refuses them.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Container
 
 import torch
@@ -27,3 +28,28 @@ def check_tracked(optimizer: torch.optim.Optimizer, tracked: Container[torch.Ten
                     "since. Each rank would step it on its own gradient and the replicas "
                     "would drift apart. Build the DistributedOptimizer again once the "
                     "parameters to train are set (then broadcast_optimizer_state).")
+
+
+class UntrackedGradients:
+    """check_tracked at a cost per untracked parameter, not per parameter: the tracked
+    list is fixed, so only parameters outside it (and any added since) can fail."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, tracked: Container[torch.Tensor],
+                 names: dict[torch.Tensor, str]) -> None:
+        # Weakly: the optimizer holds this object, and a cycle would keep a dropped
+        # optimizer's gradient hooks alive until the next garbage collection.
+        self._optimizer = weakref.ref(optimizer)
+        self._tracked, self._names = tracked, names
+        self._count = self._params(optimizer)
+        self._outside = [p for group in optimizer.param_groups for p in group["params"]
+                         if p not in tracked]
+
+    @staticmethod
+    def _params(optimizer: torch.optim.Optimizer) -> int:
+        return sum(len(group["params"]) for group in optimizer.param_groups)
+
+    def check(self) -> None:
+        optimizer = self._optimizer()
+        if optimizer is not None and (self._params(optimizer) != self._count or any(
+                p.grad is not None and p.requires_grad for p in self._outside)):
+            check_tracked(optimizer, self._tracked, self._names)

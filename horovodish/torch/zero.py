@@ -12,11 +12,12 @@ tensor (``param.data`` becomes a view of it). Rank r of N owns the r-th of N nea
 equal ranges of every bucket (its *shard*), and builds one optimizer of the wrapped
 class over that shard alone, so optimizer state takes 1/N of the memory.
 
-* Backward: as soon as every gradient of a bucket has arrived (hooks, as in the
-  replicated DistributedOptimizer), the bucket's gradients are packed and
-  reduce-scattered (stage 2: each rank receives only its shard of the averaged gradient,
-  and the parameters' gradients are freed), or allreduced (stage 1: ``param.grad`` is
-  the averaged gradient, as without sharding).
+* Backward: the replicated DistributedOptimizer's ``Reducer`` (reducer.py), with these
+  buckets as its fixed layout, sends a bucket as soon as its last gradient has arrived
+  (one hook per bucket). Stage 2: the bucket's gradients are concatenated (one call) and
+  reduce-scattered, each rank receives only its shard of the averaged gradient, and the
+  parameters' gradients are freed. Stage 1: the gradients are views of a flat bucket,
+  allreduced in place, so ``param.grad`` is the averaged gradient, as without sharding.
 * ``step()``: bucket by bucket, the shard's optimizer steps, and the updated shard is
   allgathered straight into the flat parameters; the allgather of one bucket runs while
   the next bucket's shard is stepped. ``step()`` returns once parameters are whole.
@@ -39,8 +40,10 @@ from ..common.api.process_sets import ProcessSet
 from ..common.messages import ReduceOp
 from . import mpi_ops
 from .async_ops import allgather_into_async
+from .flat_buckets import FlatBucket
 from .functions import broadcast_object
-from .tracked import check_tracked
+from .reducer import Reducer
+from .tracked import UntrackedGradients
 from .zero_state import SHARDED_KEY, bucket_layout, consolidate, shard_of
 
 # Optimizers whose update of an element depends on other elements of the same parameter.
@@ -70,8 +73,6 @@ class _Bucket:
         self.adopt()
         self.shard = self.flat[self.start:self.start + self.count]
         self.optimizer: torch.optim.Optimizer | None = None
-        self.arrived = 0
-        self.pending: tuple[int, Any] | None = None  # (handle, compression context)
         self.reduced: torch.Tensor | None = None  # stage 2: the shard; 1: the whole bucket
         tag = f"{names[0]}.{len(params)}"
         self.reduce_name, self.gather_name = f"zero.reduce.{tag}", f"zero.gather.{tag}"
@@ -87,22 +88,6 @@ class _Bucket:
                                          f"from {list(view.shape)} under a sharded optimizer")
                     view.copy_(param.detach())
                     param.data = view
-
-    def gradient(self) -> torch.Tensor:
-        """The bucket's gradients packed in one flat tensor (zeros where none); a lone
-        gradient is sent as it is."""
-        grad = self.params[0].grad
-        if len(self.params) == 1 and grad is not None and not grad.is_sparse and \
-                grad.is_contiguous():
-            return grad.reshape(-1)
-        parts = []
-        for param in self.params:
-            grad = param.grad
-            if grad is None:
-                parts.append(torch.zeros(param.numel(), dtype=param.dtype, device=param.device))
-            else:
-                parts.append((grad.to_dense() if grad.is_sparse else grad).reshape(-1))
-        return torch.cat(parts)
 
 
 class _ShardedOptimizer:
@@ -135,21 +120,20 @@ class _ShardedOptimizer:
             p for group in self.param_groups for p in group["params"])}
         self._zero_buckets = self._zero_build(bucket_cap_mb * 2 ** 20)
         self._zero_bucket_of = {p: b for b in self._zero_buckets for p in b.params}
-        self._zero_submitted: set[_Bucket] = set()
         self._zero_gathering: dict[_Bucket, int] = {}  # deferred allgathers
         self._zero_defer = False
-        self.set_backward_passes_per_step(backward_passes_per_step)
+        params = list(self._zero_bucket_of)
+        self._zero_reducer = Reducer(
+            params, names, compression, op, predivide, False, process_set, 0.0, None, True,
+            backward_passes_per_step, layout=[b.params for b in self._zero_buckets],
+            collective=_ShardReduction(self._zero_buckets, stage, compression, op,
+                                       self._zero_scale, process_set),
+            packed=stage == 2)
+        self._zero_untracked = UntrackedGradients(self, set(params), names)
+        self.backward_passes_per_step = self._zero_reducer.passes
         if old_state is not None:  # the plain optimizer had state: it becomes the shards'
             self.state.clear()
             self._zero_load_consolidated(old_state)
-        me = weakref.ref(self)
-
-        def hook(param: torch.Tensor) -> None:
-            optimizer = me()
-            if optimizer is not None:
-                optimizer._zero_grad_ready(param)
-        handles = [p.register_post_accumulate_grad_hook(hook) for p in self._zero_bucket_of]
-        weakref.finalize(self, _remove, handles)
 
     def _zero_build(self, cap_bytes: float) -> list[_Bucket]:
         rank, size = self._zero_process_set.rank(), self._zero_process_set.size()
@@ -192,33 +176,19 @@ class _ShardedOptimizer:
     # -- public API --------------------------------------------------------------------
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Reduce on every passes-th backward; gradients accumulate locally in between."""
-        if int(passes) < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
-        self.backward_passes_per_step = int(passes)
-        self._zero_delay = {p: self.backward_passes_per_step for p in self._zero_bucket_of}
+        self._zero_reducer.set_passes(passes)
+        self.backward_passes_per_step = self._zero_reducer.passes
 
     def synchronize(self) -> None:
         """Finish every bucket's reduction (submitting those no hook completed). Stage 2:
         each rank then holds its shard of the averaged gradients (``param.grad`` is
         None); stage 1: ``param.grad`` is the averaged gradient."""
         try:
-            check_tracked(self, self._zero_delay, self._parameter_names)
-            for bucket in self._zero_buckets:
-                if bucket not in self._zero_submitted:
-                    self._zero_submit(bucket)
-            for bucket in self._zero_buckets:
-                handle, ctx = bucket.pending
-                bucket.pending = None
-                bucket.reduced = self._zero_compression.decompress(
-                    mpi_ops.synchronize(handle), ctx)
-                if self._zero_stage == 1:
-                    for param, offset, numel in zip(bucket.params, bucket.offsets,
-                                                    bucket.numels):
-                        param.grad = bucket.reduced[offset:offset + numel].view(param.shape)
+            self._zero_untracked.check()
+            self._zero_reducer.synchronize()
         except Exception:
             self._zero_abandon_step()
             raise
-        self._zero_next_step()
         self._zero_synchronized = True
 
     def register_comm_hook(self, state: Any, hook: Callable[..., Any]) -> None:
@@ -308,14 +278,15 @@ class _ShardedOptimizer:
                 mpi_ops.synchronize(handle)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._zero_submitted or any(d != self.backward_passes_per_step
-                                       for d in self._zero_delay.values()):
+        """As torch's; stage 1's gradients are views of their bucket, zeroed in place
+        whatever ``set_to_none`` says (see DistributedOptimizer's)."""
+        if self._zero_reducer.pending_work():
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(): gradient reductions are "
                 "pending (or accumulating for backward_passes_per_step), and zeroing now "
                 "would race with them. Call step() (or synchronize()) first.")
-        super().zero_grad(set_to_none)
+        self._zero_reducer.zero_grad(set_to_none)
         for bucket in self._zero_buckets:
             bucket.reduced = None
 
@@ -485,56 +456,10 @@ class _ShardedOptimizer:
             reduced = reduced[bucket.start:bucket.start + bucket.count]
         return reduced if reduced.dtype == bucket.shard.dtype else reduced.to(bucket.shard.dtype)
 
-    def _zero_grad_ready(self, param: torch.Tensor) -> None:
-        bucket = self._zero_bucket_of[param]
-        if bucket in self._zero_submitted or self._zero_delay[param] <= 0:
-            raise AssertionError(
-                f"the gradient of '{self._parameter_names[param]}' was computed more than "
-                f"backward_passes_per_step={self.backward_passes_per_step} times before "
-                "step(). Call step() after each backward, or increase "
-                "backward_passes_per_step to accumulate gradients locally.")
-        self._zero_delay[param] -= 1
-        if self._zero_delay[param] > 0:
-            return
-        bucket.arrived += 1
-        if bucket.arrived == len(bucket.params):
-            self._zero_submit(bucket)
-
-    def _zero_submit(self, bucket: _Bucket) -> None:
-        self._zero_submitted.add(bucket)
-        compressed, ctx = self._zero_compression.compress(bucket.gradient())
-        prescale, postscale = self._zero_scale
-        if self._zero_stage == 2:
-            for param in bucket.params:  # each rank keeps only its shard of the sum
-                param.grad = None
-            handle = mpi_ops.reducescatter_async(
-                compressed, name=bucket.reduce_name, op=self._zero_op,
-                process_set=self._zero_process_set, prescale_factor=prescale,
-                postscale_factor=postscale)
-        else:
-            handle = mpi_ops.allreduce_async(
-                compressed, name=bucket.reduce_name, op=self._zero_op,
-                prescale_factor=prescale, postscale_factor=postscale,
-                process_set=self._zero_process_set)
-        bucket.pending = (handle, ctx)
-
-    def _zero_next_step(self) -> None:
-        self._zero_submitted.clear()
-        for bucket in self._zero_buckets:
-            bucket.arrived = 0
-        for param in self._zero_delay:
-            self._zero_delay[param] = self.backward_passes_per_step
-
     def _zero_abandon_step(self) -> None:
+        self._zero_reducer.abandon_step()
         for bucket in self._zero_buckets:
-            if bucket.pending is not None:
-                try:
-                    mpi_ops.synchronize(bucket.pending[0])
-                except Exception:
-                    pass
-                bucket.pending = None
             bucket.reduced = None
-        self._zero_next_step()
         self._zero_synchronized = False
 
 
@@ -550,6 +475,40 @@ def _world_rank() -> int:
 def _remove(handles: list[Any]) -> None:
     for handle in handles:
         handle.remove()
+
+
+class _ShardReduction:
+    """The sharded optimizer's bucket collective (reducer.BucketCollective). Stage 2:
+    the packed gradients reduce-scattered into this rank's shard, the gradients freed.
+    Stage 1: the flat bucket allreduced in place (``param.grad`` stays its view)."""
+
+    def __init__(self, buckets: list[_Bucket], stage: int, compression: Any, op: ReduceOp,
+                 scale: tuple[float, float], process_set: ProcessSet) -> None:
+        self.buckets, self.stage, self.compression = buckets, stage, compression
+        self.op, self.scale, self.process_set = op, scale, process_set
+
+    def send(self, bucket: FlatBucket) -> Any:
+        compressed, ctx = self.compression.compress(bucket.source())
+        prescale, postscale = self.scale
+        name = self.buckets[bucket.index].reduce_name
+        if self.stage == 2:
+            for param in bucket.params:  # each rank keeps only its shard of the sum
+                param.grad = None
+            handle = mpi_ops.reducescatter_async(
+                compressed, name=name, op=self.op, process_set=self.process_set,
+                prescale_factor=prescale, postscale_factor=postscale)
+        else:
+            handle = mpi_ops.allreduce_async_(
+                compressed, name=name, op=self.op, prescale_factor=prescale,
+                postscale_factor=postscale, process_set=self.process_set)
+        if ctx is None:
+            return handle
+        return lambda: self.compression.decompress(mpi_ops.synchronize(handle), ctx)
+
+    def finish(self, bucket: FlatBucket, result: torch.Tensor) -> None:
+        if self.stage == 1 and result is not bucket.flat:
+            bucket.flat.copy_(result)
+        self.buckets[bucket.index].reduced = result if self.stage == 2 else bucket.flat
 
 
 def sharded_class(base: type) -> type:

@@ -18,7 +18,8 @@ CHECKS = {
         "parameter_order_differs_between_ranks", "rebuilt_optimizer_on_one_rank", "muon",
         "errors", "parameter_names", "untracked_parameters", "broadcast_optimizer_state",
         "scheduler_built_before_wrapping", "learned_order", "learned_order_follows_use",
-        "overlap_with_backward"],
+        "overlap_with_backward", "flat_bucket_views", "changed_graph", "reordered_backward",
+        "backward_twice_before_step"],
     "autograd_worker.py": [
         "allreduce_gradients", "allgather_gradients", "grouped_allgather_gradients",
         "broadcast_gradients", "alltoall_gradients", "reducescatter_gradients",

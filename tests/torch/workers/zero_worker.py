@@ -284,8 +284,7 @@ def overlap_and_storage(rank: int, size: int) -> None:
     for _ in range(4):
         opt.zero_grad()
         model(x).pow(2).mean().backward()
-        finished.append(sum(mpi_ops.poll(b.pending[0]) for b in opt._zero_buckets
-                            if b.pending is not None))
+        finished.append(sum(mpi_ops.poll(p.wait) for p in opt._zero_reducer.pending))
         opt.step()
     sys.stdout.write(f"rank {rank}: reduce-scatters done when backward returned: {finished} "
                      f"of {len(opt._zero_buckets)}\n")
