@@ -1,8 +1,13 @@
 """Reducing a list of gradients in one submission, for DistributedGradientTape and Keras.
 
-All dense gradients go to the core together, so they negotiate in one cycle and fuse into
-few collectives (explicit ``groups`` only split that submission). Names are positional
-(``<prefix>.<index>``): identical on every rank and every step, so the response cache hits.
+Dense gradients travel in flat buckets: the gradients of one dtype (within an explicit
+group, if ``groups`` is given), up to 64 MiB, are concatenated into one flat tensor,
+which is one entry for the core (one name, one response-cache bit, one negotiation
+whatever the variable count), and split back afterwards; TensorFlow's concat and split
+run as graph ops inside tf.function. All buckets go to the core together, so they
+negotiate in one cycle. Names are positional (``<prefix>.<index>``, a bucket named after
+its first member and its length): identical on every rank and every step, so the
+response cache hits.
 """
 from __future__ import annotations
 
@@ -75,21 +80,27 @@ class GradientReduction:
                 results[i] = _sparse_allreduce(grad, self.op, prescale, postscale, names[i],
                                                process_set)
             elif grad is not None:
+                results[i] = tf.convert_to_tensor(grad)
                 dense.append(i)
-        packed = [self.compression.compress(tf.convert_to_tensor(results[i])) for i in dense]
-        tensors, tensor_names = [p[0] for p in packed], [names[i] for i in dense]
-        groups = self._group_positions(dense, variables)
+        # Adasum combines each tensor's whole vector: its gradients go one by one.
+        buckets = [[i] for i in dense] if self.op == ReduceOp.ADASUM else \
+            _buckets(dense, results, self._group_positions(dense, variables))
+        flats = [_flatten([results[i] for i in bucket]) for bucket in buckets]
+        packed = [self.compression.compress(flat) for flat in flats]
+        tensors = [p[0] for p in packed]
+        tensor_names = [names[b[0]] if len(b) == 1 else f"{names[b[0]]}+{len(b)}"
+                        for b in buckets]
         agree = bool(kept) and agree_on_overflow and self.op != ReduceOp.ADASUM
         if agree:  # in the same call as the gradients: one submission, one order
             tensors.append(_overflow_marker([results[i] for i in sorted(kept)]))
             tensor_names.append(f"{self.prefix}.local_overflow")
-            if groups is not None:
-                groups.append([len(dense)])
         # Differentiable: an outer tape can take second-order gradients through it.
-        reduced = _allreduce(tensors, self.op, prescale, postscale, tensor_names, process_set,
-                             groups) if tensors else []
-        for i, out, (_, ctx) in zip(dense, reduced, packed):
-            results[i] = self.compression.decompress(out, ctx)
+        reduced = _allreduce(tensors, self.op, prescale, postscale, tensor_names,
+                             process_set) if tensors else []
+        for bucket, out, (_, ctx) in zip(buckets, reduced, packed):
+            out = self.compression.decompress(out, ctx)
+            for i, grad in zip(bucket, _unflatten(out, [results[i] for i in bucket])):
+                results[i] = grad
         if agree:
             marker = reduced[-1]  # 0 on every rank, or NaN on every rank
             for i in kept:
@@ -116,6 +127,50 @@ class GradientReduction:
                 grouped.append(members)
         # Horovod: a variable in no list forms a group of its own.
         return grouped + [[p] for p in range(len(dense)) if p not in seen]
+
+
+_BUCKET_BYTES = 64 << 20
+
+
+def _buckets(dense: list[int], grads: list[Any], groups: list[list[int]] | None
+             ) -> list[list[int]]:
+    """Positions in ``grads`` per flat bucket: consecutive gradients of one dtype within
+    a group (``groups``: positions in ``dense``; None: one group), up to 64 MiB."""
+    buckets: list[list[int]] = []
+    for group in groups if groups is not None else [range(len(dense))]:
+        size = 0
+        start = len(buckets)
+        for position in group:
+            index = dense[position]
+            grad = grads[index]
+            nbytes = grad.shape.num_elements() or 0
+            nbytes *= grad.dtype.size
+            if len(buckets) > start and grads[buckets[-1][0]].dtype == grad.dtype and \
+                    size + nbytes <= _BUCKET_BYTES:
+                buckets[-1].append(index)
+                size += nbytes
+            else:
+                buckets.append([index])
+                size = nbytes
+    return buckets
+
+
+def _flatten(grads: list[Any]) -> Any:
+    if len(grads) == 1:
+        return grads[0]
+    return tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
+
+
+def _unflatten(flat: Any, like: list[Any]) -> list[Any]:
+    """flat cut into tensors shaped as ``like`` (static shapes where known)."""
+    if len(like) == 1:
+        return [flat]
+    static = all(g.shape.is_fully_defined() for g in like)
+    sizes = [g.shape.num_elements() for g in like] if static else \
+        tf.stack([tf.size(g) for g in like])
+    parts = tf.split(flat, sizes, 0)
+    return [tf.reshape(part, g.shape if static else tf.shape(g))
+            for part, g in zip(parts, like)]
 
 
 def _local_positions(grads: list[Any], variables: Sequence[Any] | None,

@@ -543,9 +543,61 @@ def use_before_init(rank: int, size: int) -> None:
           f"init(): rank {hvd.rank()} of {hvd.size()}, MPI's {rank} of {size}")
 
 
+def tape_flat_buckets(rank: int, size: int) -> None:
+    """DistributedGradientTape sends one flat bucket per dtype, not one tensor per
+    variable (counted at the core's submit calls), eagerly and in tf.function, with
+    explicit groups splitting the buckets, and every gradient equal to numpy's mean."""
+    from horovodish.common.api import collectives as core
+    shapes = [(3, 4), (4,), (2, 2, 2), (5,), (1,)]
+    variables = [tf.Variable(data(0, f"v{i}", shape, "float32")) for i, shape in
+                 enumerate(shapes)] + [tf.Variable(data(0, "v64", (3,), "float64"))]
+    scale = [float(r + 1) for r in range(size)]
+
+    def step() -> list:
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float64) ** 2) * scale[rank]
+                             for v in variables])
+        return hvd.DistributedGradientTape(tape).gradient(loss, variables)
+
+    def grouped_step() -> list:
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float64) ** 2) * scale[rank]
+                             for v in variables])
+        tape = hvd.DistributedGradientTape(tape, groups=[variables[:2], variables[2:5]])
+        return tape.gradient(loss, variables)
+
+    submitted: list[int] = []
+    single, grouped = core.allreduce_async, core.grouped_allreduce_async
+
+    def count_single(*args, **kwargs):
+        submitted.append(1)
+        return single(*args, **kwargs)
+
+    def count_grouped(arrays, *args, **kwargs):
+        submitted.append(len(arrays))
+        return grouped(arrays, *args, **kwargs)
+    core.allreduce_async, core.grouped_allreduce_async = count_single, count_grouped
+    try:
+        for mode, fn, buckets in (("eager", step, 2), ("graph", tf.function(step), 2),
+                                  ("groups", grouped_step, 3)):
+            for _ in range(2):
+                submitted.clear()
+                got = fn()
+                check(sum(submitted) == (buckets if size > 1 else 0),
+                      f"{mode}: {sum(submitted)} tensors went to the core, want {buckets} "
+                      "flat buckets")
+                mean = sum(scale) / size
+                for v, g in zip(variables, got):
+                    close(g.numpy(), 2 * v.numpy() * mean, f"{mode}: gradient of {v.name}",
+                          tol=1e-5)
+    finally:
+        core.allreduce_async, core.grouped_allreduce_async = single, grouped
+
+
 if __name__ == "__main__":
     quiet_tensorflow()
     run_checks([use_before_init, collectives, gradients, eager_tape_over_tf_function,
                 second_order, mismatch, sparse_and_compression, variables_and_objects,
-                process_set, results_kept_across_calls, odd_sized_groups], MPI.COMM_WORLD.Get_rank(),
+                process_set, results_kept_across_calls, odd_sized_groups, tape_flat_buckets],
+               MPI.COMM_WORLD.Get_rank(),
                MPI.COMM_WORLD.Get_size())
