@@ -3,13 +3,22 @@ MultiWorkerMirroredStrategy (MWMS), in one job.
 
     horovodishrun -np 2 python examples/keras_mwms_compare.py
 
+    horovodishrun -np 2 python examples/keras_mwms_compare.py --model many
+
 Every rank is also one MWMS worker (TF_CONFIG on 127.0.0.1, ports picked by rank 0), so
 both contenders run in the same processes, in alternating rounds, and neither gets a
-quieter machine. Same model (MLP 784-1024-1024-1024-10), same data (random, fixed seed),
-64 rows per rank (MWMS: per replica) per step, plain SGD, the same initial weights. Both
-average gradients over the same global batch each step, so their weights must end equal
-up to rounding; the last line says how far apart they are. Prints steps/s of each
-(median over rounds, timed from batch-end callbacks, tracing excluded) and the ratio.
+quieter machine. Same model (``--model mlp``: MLP 784-1024-1024-1024-10; ``--model
+many``: 40 blocks of Dense(64) + LayerNormalization + tanh and a Dense(10) head, 162
+variables of at most 16 KiB, where a reducer's cost per variable shows), same data
+(random, fixed seed), 64 rows per rank (MWMS: per replica) per step, plain SGD, the same
+initial weights. Both average gradients over the same global batch each step, so their
+weights must end equal up to rounding; the last line says how far apart they are. Prints
+steps/s of each (median over rounds, timed from batch-end callbacks, tracing excluded)
+and the ratio; with ``--model many`` also plain Keras on this rank's rows alone (no
+communication) and the time each contender adds over it per variable.
+
+(This comparison is an example rather than a row of ``python -m horovodish.bench``:
+MWMS must be created before TensorFlow runs any op in the process.)
 
 Keras 3.15's model.fit does not run under MWMS as shipped; two small patches below make
 it (see ``patch_keras_for_mwms``).
@@ -74,6 +83,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="per round and contender")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds (tracing)")
+    parser.add_argument("--model", choices=["mlp", "many"], default="mlp",
+                        help="mlp: 784-1024x3-10; many: 162 small variables")
     args = parser.parse_args()
 
     hvd.init()
@@ -83,15 +94,21 @@ def main() -> None:
     import tensorflow as tf
     rank, size = hvd.rank(), hvd.size()
     gen = np.random.default_rng(0)
-    x = gen.normal(size=(args.steps * BATCH * size, 784)).astype(np.float32)
+    features = 784 if args.model == "mlp" else 64
+    x = gen.normal(size=(args.steps * BATCH * size, features)).astype(np.float32)
     y = gen.integers(0, 10, len(x)).astype(np.int32)
     # Global batch k is rows [k*B*size, (k+1)*B*size) for both; here, rank r's part of it.
-    x_mine = x.reshape(args.steps, size, BATCH, 784)[:, rank].reshape(-1, 784)
+    x_mine = x.reshape(args.steps, size, BATCH, features)[:, rank].reshape(-1, features)
     y_mine = y.reshape(args.steps, size, BATCH)[:, rank].reshape(-1)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def mlp() -> keras.Model:
         keras.utils.set_random_seed(0)
+        if args.model == "many":
+            blocks = [layer for _ in range(40) for layer in (
+                keras.layers.Dense(64), keras.layers.LayerNormalization(),
+                keras.layers.Activation("tanh"))]
+            return keras.Sequential([keras.Input((64,)), *blocks, keras.layers.Dense(10)])
         return keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024, activation="relu"),
                                  keras.layers.Dense(1024, activation="relu"),
                                  keras.layers.Dense(1024, activation="relu"),
@@ -105,6 +122,10 @@ def main() -> None:
         theirs.compile(keras.optimizers.SGD(0.01), loss)
         theirs._symbolic_build(data_batch=(tf.constant(x[:BATCH]), tf.constant(y[:BATCH])))
     patch_keras_for_mwms(theirs)
+    plain = None
+    if args.model == "many":
+        plain = mlp()
+        plain.compile(keras.optimizers.SGD(0.01), loss)
     # MWMS shards each global batch of B*size rows between the workers itself.
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH * size)
 
@@ -119,16 +140,20 @@ def main() -> None:
         return (len(stamps) - 1 - skip) / (stamps[-1] - stamps[skip])
 
     stamps: list[float] = []
-    rates: dict[str, list[float]] = {"horovodish": [], "mwms": []}
+    rates: dict[str, list[float]] = {"horovodish": [], "mwms": [], "plain": []}
     for round_ in range(args.warmup + args.rounds):
         ours_rate = steps_per_second(lambda: ours.fit(x_mine, y_mine, batch_size=BATCH, epochs=1,
                                                       shuffle=False, verbose=0,
                                                       callbacks=[Clock()]))
         theirs_rate = steps_per_second(lambda: theirs.fit(dataset, epochs=1, verbose=0,
                                                           callbacks=[Clock()]))
+        plain_rate = plain and steps_per_second(lambda: plain.fit(
+            x_mine, y_mine, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+            callbacks=[Clock()]))
         if round_ >= args.warmup:
             rates["horovodish"].append(ours_rate)
             rates["mwms"].append(theirs_rate)
+            rates["plain"].append(plain_rate)
 
     def largest_difference(a: list, b: list) -> float:
         return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
@@ -145,6 +170,15 @@ def main() -> None:
         print(f"ratio horovodish / MWMS: {ours_rate / theirs_rate:.2f}x; largest weight "
               f"difference between the two models: {difference:.2e} (largest change "
               f"from the initial weights: {moved:.2e})", flush=True)
+        if plain is not None:
+            variables = len(plain.trainable_variables)
+            plain_rate = statistics.median(rates["plain"])
+            print(f"plain Keras, no communication:   {plain_rate:.2f} steps/s", flush=True)
+            added = {name: [(1 / r - 1 / p) / variables * 1e6 for r, p in
+                            zip(rates[name], rates["plain"])] for name in ("horovodish", "mwms")}
+            for name, values in added.items():
+                print(f"time {name} adds per variable: {statistics.median(values):.1f} us "
+                      f"({min(values):.1f} to {max(values):.1f} over rounds)", flush=True)
 
 
 if __name__ == "__main__":

@@ -54,17 +54,12 @@ def print_report(size: int, figures: dict) -> None:
     many = figures.get("many_tensors")
     if many:
         print(f"\nmany-tensor step, {many['parameter_tensors']} parameter tensors, batch "
-              f"{many['batch_per_rank']} per rank, one torch thread per rank:")
-        for key, value in many["ms_per_step"].items():
-            low, high = many["ms_per_step_range"][key]
-            print(f"  {key:34s} {value:7.2f} ms per step ({low:.2f} to {high:.2f})")
-        for key, value in many["added_us_per_tensor"].items():
-            low, high = many["added_us_per_tensor_range"][key]
-            print(f"  host time {key} adds per parameter tensor: {value:6.2f} us "
-                  f"({low:.2f} to {high:.2f})")
-        low, high = many["ours_added_over_ddp_added_range"]
-        print(f"  horovodish's added time / DDP's: {many['ours_added_over_ddp_added']:.2f}x "
-              f"({low:.2f} to {high:.2f} over rounds)")
+              f"{many['batch_per_rank']} per rank, one torch thread per rank, plain SGD:")
+        _print_many(many, {"horovodish DistributedOptimizer": "horovodish",
+                           "torch DDP (gloo)": "torch DDP (gloo)"})
+        print("  sharded (ZeRO stage 2) against DDP with torch's ZeroRedundancyOptimizer:")
+        _print_many(many["sharded"], {"horovodish DistributedOptimizer": "horovodish sharded",
+                                      "torch DDP (gloo)": "DDP + ZeroRedundancyOptimizer"})
     idle = figures["idle"]
     print(f"\nidle cost: the idle runtime thread uses {idle['runtime_thread_cpu_percent']:.2f}% "
           f"of a core while a compute-bound loop runs; the loop runs "
@@ -72,6 +67,19 @@ def print_report(size: int, figures: dict) -> None:
           f"rounds; noise floor: the loop against itself, runtime off, differs by "
           f"{idle['noise_floor_percent']:.2f}% in a median round, "
           f"{idle['control_median_percent']:+.2f}% in the median)")
+
+
+def _print_many(row: dict, labels: dict[str, str]) -> None:
+    for key, value in row["ms_per_step"].items():
+        low, high = row["ms_per_step_range"][key]
+        print(f"  {labels.get(key, key):34s} {value:7.2f} ms per step ({low:.2f} to {high:.2f})")
+    for key, value in row["added_us_per_tensor"].items():
+        low, high = row["added_us_per_tensor_range"][key]
+        print(f"  host time {labels[key]} adds per parameter tensor: {value:6.2f} us "
+              f"({low:.2f} to {high:.2f})")
+    low, high = row["ours_added_over_ddp_added_range"]
+    print(f"  horovodish's added time / the other's: {row['ours_added_over_ddp_added']:.2f}x "
+          f"({low:.2f} to {high:.2f} over rounds)")
 
 
 def write_json(path: str, figures: dict) -> None:

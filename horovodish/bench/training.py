@@ -59,21 +59,27 @@ def _gloo(hvd) -> Iterator[None]:
 
 
 def _side_by_side(comm: MPI.Comm, build, batch: int, features: int, classes: int,
-                  rounds: int, budget: float) -> tuple[dict, dict[str, list[float]]]:
+                  rounds: int, budget: float, tag: str = "",
+                  sharded: bool = False) -> tuple[dict, dict[str, list[float]]]:
     """The same model (``build()``), data and SGD under DistributedOptimizer, DDP and no
-    communication, timed in alternating rounds: the models and seconds per step."""
+    communication (sharded: DistributedOptimizer(shard_optimizer_state=True) and DDP
+    with torch's ZeroRedundancyOptimizer), timed in alternating rounds: our model and
+    optimizer, and seconds per step of each."""
     import torch
     import torch.nn.functional as F
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from .. import torch as hvd
     gen = torch.Generator().manual_seed(1 + hvd.rank())
     data = torch.randn(batch, features, generator=gen)
     target = torch.randint(0, classes, (batch,), generator=gen)
     ours_model = build()
-    ours = hvd.DistributedOptimizer(torch.optim.SGD(ours_model.parameters(), lr=0.01),
-                                    named_parameters=ours_model.named_parameters())
+    ours = hvd.DistributedOptimizer(
+        torch.optim.SGD(ours_model.parameters(), lr=0.01), shard_optimizer_state=sharded,
+        named_parameters=[(f"{tag}{n}", p) for n, p in ours_model.named_parameters()])
     ddp_model = torch.nn.parallel.DistributedDataParallel(build())
-    ddp = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
+    ddp = ZeroRedundancyOptimizer(ddp_model.parameters(), torch.optim.SGD, lr=0.01) \
+        if sharded else torch.optim.SGD(ddp_model.parameters(), lr=0.01)
     local_model = build()
     local = torch.optim.SGD(local_model.parameters(), lr=0.01)
 
@@ -123,24 +129,34 @@ def many_tensor_step(comm: MPI.Comm, batch: int = 32, rounds: int = 5,
                      budget: float = 0.3) -> dict:
     """The 162-tensor model under each contender: ms per step, and the host time that
     DDP and DistributedOptimizer add over the plain step per parameter tensor (median
-    of the per-round figures, and their range). One torch thread per rank: the step is
-    host-bound, and what is measured is the reducers' Python and C++ per tensor."""
+    of the per-round figures, and their range); then the same for the sharded optimizer
+    (ZeRO stage 2) against DDP with torch's ZeroRedundancyOptimizer. One torch thread
+    per rank: the step is host-bound, and what is measured is the reducers' Python and
+    C++ per tensor."""
     import torch
 
     from .. import torch as hvd
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    rows = {}
     try:
         with _gloo(hvd):
-            ours, times = _side_by_side(comm, lambda: many_tensor_model(torch), batch, 64,
-                                        10, rounds, budget)
+            for key, sharded in (("replicated", False), ("sharded", True)):
+                ours, times = _side_by_side(comm, lambda: many_tensor_model(torch), batch,
+                                            64, 10, rounds, budget, f"many.{key}.", sharded)
+                rows[key] = _added_per_tensor(ours["model"], times)
     finally:
         torch.set_num_threads(threads)
-    tensors = sum(1 for p in ours["model"].parameters() if p.requires_grad)
+    return {"parameter_tensors": rows["replicated"]["parameter_tensors"],
+            "batch_per_rank": batch, **rows["replicated"], "sharded": rows["sharded"]}
+
+
+def _added_per_tensor(model, times: dict[str, list[float]]) -> dict:
+    tensors = sum(1 for p in model.parameters() if p.requires_grad)
     added = {key: [(t - b) / tensors for t, b in zip(times[key], times[BOUND])]
              for key in (OURS, DDP)}
     ratio = [o / d if d > 0 else float("inf") for o, d in zip(added[OURS], added[DDP])]
-    return {"parameter_tensors": tensors, "batch_per_rank": batch,
+    return {"parameter_tensors": tensors,
             "ms_per_step": {key: statistics.median(v) * 1e3 for key, v in times.items()},
             "ms_per_step_range": {key: [min(v) * 1e3, max(v) * 1e3]
                                   for key, v in times.items()},

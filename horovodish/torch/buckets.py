@@ -78,6 +78,10 @@ class GradientBuckets:
         if self._order is not None:
             self._order.clear()
 
+    def keep_only(self, params: set[torch.Tensor]) -> None:
+        """Hold only these parameters (the others went into flat buckets)."""
+        self._set([[p for p in bucket if p in params] for bucket in self._buckets])
+
     def recorded(self, unseen: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """This rank's first-step order: hook order, then parameters that got no hook."""
         return [*(self._order or []), *unseen]

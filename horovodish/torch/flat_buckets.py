@@ -117,9 +117,18 @@ def zero(buckets: Sequence[FlatBucket]) -> None:
             bucket.rebase()
 
 
+# On host memory a flat bucket costs two extra passes over its gradients (the zeroing,
+# and accumulating in place instead of taking autograd's tensor), while it saves Python
+# per tensor. Past this mean size per parameter the passes cost more (an MLP of 1-4 MB
+# weights on 2 ranks: 15.2 ms a step flat, 13.8 ms per tensor; 16 KiB to 256 KiB
+# weights: flat as fast or faster); device memory is fast enough for any size.
+HOST_MEAN_BYTES = 256 << 10
+
+
 def plan(buckets: Sequence[Sequence[torch.Tensor]]) -> list[list[torch.Tensor]]:
     """The flat buckets the agreed buckets give: each splits where dtype or device
-    changes, and members a flat view cannot stand for (not contiguous) stay out."""
+    changes; members a flat view cannot stand for (not contiguous) stay out, and so do
+    host buckets of large parameters (HOST_MEAN_BYTES)."""
     flat: list[list[torch.Tensor]] = []
     for bucket in buckets:
         runs: list[list[torch.Tensor]] = []
@@ -131,5 +140,6 @@ def plan(buckets: Sequence[Sequence[torch.Tensor]]) -> list[list[torch.Tensor]]:
                 runs[-1].append(param)
             else:
                 runs.append([param])
-        flat.extend(runs)
+        flat.extend(run for run in runs if run[0].device.type != "cpu" or sum(
+            p.numel() * p.element_size() for p in run) <= HOST_MEAN_BYTES * len(run))
     return flat

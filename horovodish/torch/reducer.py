@@ -99,6 +99,7 @@ class Reducer:
         self.steps = 0  # synchronized steps (GradBucket.step)
         self.submitted: set[torch.Tensor] = set()  # loose parameters sent this step
         self.flat: list[FlatBucket] = []
+        self.flattened = False  # the agreed buckets were turned into flat ones
         self.loose = list(self.params)  # parameters with a hook of their own
         self.arrival: list[torch.Tensor] = []  # this rank's hook order, while watched
         self.watching = True  # per-parameter hooks on every parameter, order recorded
@@ -169,7 +170,7 @@ class Reducer:
             if self._sends_sparse(param):
                 self._submit([param])
                 return
-        ready = self.holding.ready(param) if not self.flat else [param]
+        ready = self.holding.ready(param)
         if ready:
             self._submit(ready)
 
@@ -323,7 +324,7 @@ class Reducer:
                 self.holding.forget_order()
             else:
                 self.holding.learn(order)
-        if self.agreed and not self.flat and self.as_view and self.holding.buckets:
+        if self.agreed and not self.flattened and self.as_view and self.holding.buckets:
             self._flatten()
         elif self.flat and self.watching:
             self._watch(False)
@@ -418,16 +419,18 @@ class Reducer:
         elastic job does: called on every rank by broadcast_optimizer_state."""
         self.agreed = False
         self.holding.relearn()
-        if self.flat:
+        if self.flattened:
             self._unflatten()
 
     # -- flat buckets ------------------------------------------------------------------
     def _flatten(self) -> None:
         """From the agreed buckets to flat ones: gradients become views, per-parameter
         hooks give way to one hook per bucket."""
+        self.flattened = True
         self._make_flat(plan(self.holding.buckets), False)
         for bucket in self.flat:
             bucket.adopt()
+        self.holding.keep_only(set(self.loose))
         self._watch(False)
 
     def _make_flat(self, layout: Sequence[Sequence[torch.Tensor]], packed: bool) -> None:
@@ -441,6 +444,7 @@ class Reducer:
     def _unflatten(self) -> None:
         self._watch(True)
         self.flat, self._bucket_of, self._trigger_of = [], {}, {}
+        self.flattened = False
         self.loose = list(self.params)
 
     def _watch(self, on: bool) -> None:

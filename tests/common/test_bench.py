@@ -72,6 +72,18 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
                                         "torch DDP (gloo)", "no communication"}
     assert all(rate > 0 for rate in step["steps_per_s"].values())
     assert set(step["phases_s"]) == {"forward_backward", "wait_for_reductions", "optimizer"}
+    many = figures["many_tensors"]
+    assert many["parameter_tensors"] == 162 and "many-tensor step" in result.stdout
+    ours, ddp = "horovodish DistributedOptimizer", "torch DDP (gloo)"
+    for row in (many, many["sharded"]):  # replicated, and sharded against torch's ZeRO
+        assert set(row["ms_per_step"]) == {ours, ddp, "no communication"}
+        for key in (ours, ddp):  # per round: (step - plain step) / 162, in us
+            low, high = row["added_us_per_tensor_range"][key]
+            assert low <= row["added_us_per_tensor"][key] <= high
+            step_low, step_high = row["ms_per_step_range"][key]
+            assert step_low <= row["ms_per_step"][key] <= step_high
+        low, high = row["ours_added_over_ddp_added_range"]
+        assert low <= row["ours_added_over_ddp_added"] <= high
     assert png.stat().st_size > 1000
     idle = figures["idle"]
     share = idle["runtime_thread_cpu_percent"]
