@@ -163,7 +163,9 @@ def main() -> None:
         ours_rate = statistics.median(rates["horovodish"])
         theirs_rate = statistics.median(rates["mwms"])
         threads = tf.config.threading.get_intra_op_parallelism_threads()
-        print(f"{size} ranks x {threads} threads, MLP 784-1024x3-10, batch {BATCH} per rank, "
+        model = "MLP 784-1024x3-10" if args.model == "mlp" else \
+            f"{len(ours.trainable_variables)} variables (40 x Dense(64) + LayerNormalization)"
+        print(f"{size} ranks x {threads} threads, {model}, batch {BATCH} per rank, "
               f"{args.steps} steps x {args.rounds} rounds", flush=True)
         print(f"horovodish DistributedOptimizer: {ours_rate:.2f} steps/s", flush=True)
         print(f"MultiWorkerMirroredStrategy:     {theirs_rate:.2f} steps/s", flush=True)
