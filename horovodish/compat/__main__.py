@@ -1,4 +1,8 @@
-"""``python -m horovodish.compat`` prints the directory to put on ``PYTHONPATH``."""
-from horovodish.compat import alias_path
+"""``python -m horovodish.compat`` prints the directory to put on ``PYTHONPATH``;
+``python -m horovodish.compat --bin`` the directory to put on ``PATH`` for Horovod's
+launcher name, ``horovodrun``."""
+import sys
 
-print(alias_path())
+from horovodish.compat import alias_path, launcher_path
+
+print(launcher_path() if sys.argv[1:] == ["--bin"] else alias_path())

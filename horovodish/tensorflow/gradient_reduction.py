@@ -59,15 +59,18 @@ class GradientReduction:
         skips the step together; one scalar rides along with the reduction for it."""
         results = [tf.convert_to_tensor(g) if self.sparse_as_dense and
                    isinstance(g, tf.IndexedSlices) else g for g in grads]
-        # A set of one reduces nothing, on a rank outside it too (Horovod's identity
-        # branch: its test runs the optimizer of a one-rank set on every rank).
+        # A set of one reduces nothing, and a rank outside the set keeps its gradients
+        # (Horovod's identity branch, on every rank outside it: its tests run the
+        # optimizer of a set on every rank).
         if self.process_set.size() == 1:
             return results
-        process_set = errors.resolve(self.process_set)
         kept = _local_positions(results, variables, local)
         if kept and self.scale_local_gradients:
             for i in kept:
-                results[i] = _divide(results[i], process_set.size())
+                results[i] = _divide(results[i], self.process_set.size())
+        if not self.process_set.included():
+            return results
+        process_set = errors.resolve(self.process_set)
         names = positional_names(self.prefix, len(results))
         # Average with a predivide factor: scale by 1/f before the sum, f/size after.
         prescale = 1.0 / self.gradient_predivide_factor

@@ -82,3 +82,21 @@ def test_a_runtime_failing_midway_ends_the_job(mode):
     # (Not asserted: the "aborting the job" line. MPI_Abort kills the ranks, and the
     # launcher's forwarding sometimes loses their last lines; the exit code and the
     # time the job took are what show that it ended.)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_init_after_the_other_ranks_left_returns_and_a_collective_raises(np):
+    """Rank 0's init() after the others shut down and exited: it used to wait for them
+    in MPI_Comm_dup for ever. Now it returns, as Horovod's does in that state, and the
+    next collective raises naming the ranks that left; the job ends with exit code 0."""
+    start = time.monotonic()
+    result = run_ranks(Path(__file__).parent / "workers" / "peers_gone_worker.py", np,
+                       timeout=60)
+    assert time.monotonic() - start < 30, result.stdout
+    assert result.returncode == 0, result.stdout
+    left = ", ".join(str(r) for r in range(1, np))
+    assert "RUNTIME STOPPED True" in result.stdout, result.stdout
+    assert "INIT RETURNED" in result.stdout, result.stdout
+    assert (f"COLLECTIVE RAISED: horovodish has been shut down because rank {left} shut "
+            "down") in result.stdout, result.stdout
+    assert f"init(): rank(s) {left} shut down" in result.stdout, result.stdout

@@ -50,3 +50,24 @@ def test_horovod_tensorflow_script():
         "graph_mode_broadcast_global_variables", "graph_mode_broadcast_gradient_does_not_hang",
         "graph_mode_mismatch_is_failed_precondition", "eager_uint16_collectives",
         "eager_mismatch_is_failed_precondition", "monitored_training_session"])
+
+
+def test_horovodrun_is_horovodishrun_once_its_directory_is_on_path():
+    """Job files written for Horovod call ``horovodrun``: with the directory that
+    ``python -m horovodish.compat --bin`` prints on PATH (opt-in), it starts the job as
+    horovodishrun does, and a Horovod script through the alias reduces across ranks."""
+    directory = subprocess.run([sys.executable, "-m", "horovodish.compat", "--bin"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    launcher = Path(directory) / "horovodrun"
+    assert os.access(launcher, os.X_OK)
+    assert launcher.read_text().startswith(f"#!{sys.executable}\n")
+    code = ("import torch, horovod.torch as hvd; hvd.init(); "
+            "total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum); "
+            "print(f'RANK {hvd.rank()} OF {hvd.size()} SUM {float(total)}', flush=True)")
+    env = {**os.environ, **alias_env(),
+           "PATH": os.pathsep.join([directory, os.environ.get("PATH", "")])}
+    result = subprocess.run(["horovodrun", "-np", "2", sys.executable, "-c", code],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(2):
+        assert f"RANK {rank} OF 2 SUM 3.0" in result.stdout, result.stdout + result.stderr

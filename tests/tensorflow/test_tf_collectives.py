@@ -15,7 +15,8 @@ from multirank import assert_ranks_ok, run_ranks
 WORKER = Path(__file__).parent / "workers" / "collectives_worker.py"
 CHECKS = ["use_before_init", "collectives", "gradients", "eager_tape_over_tf_function",
           "second_order", "mismatch", "sparse_and_compression", "variables_and_objects",
-          "process_set", "results_kept_across_calls", "odd_sized_groups", "tape_flat_buckets"]
+          "process_set", "results_kept_across_calls", "odd_sized_groups", "tape_flat_buckets",
+          "gradients_outside_the_set"]
 
 
 # 1 rank (the size-1 paths) and 3 (uneven splits, odd sizes): 2 ranks take no path of

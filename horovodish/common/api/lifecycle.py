@@ -44,6 +44,14 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     """
     with _lock:
         current = _current.current()
+        if current is not None and current.runtime.ranks_left:
+            # Other ranks shut down and are leaving (their scripts ended): a new runtime
+            # would wait for them in MPI_Comm_dup for ever. As Horovod's init() in that
+            # state, nothing happens; a collective raises HorovodInternalError naming them.
+            warn_once(f"init(): rank(s) {', '.join(map(str, current.runtime.ranks_left))} "
+                      "shut down, so this job cannot run collectives any more; init() "
+                      "does nothing. Call shutdown() and end this process.")
+            return
         if current is None or current.runtime.stopped:
             _start(comm, process_sets)
     if isinstance(process_sets, (list, tuple)):

@@ -594,10 +594,41 @@ def tape_flat_buckets(rank: int, size: int) -> None:
         core.allreduce_async, core.grouped_allreduce_async = single, grouped
 
 
+def gradients_outside_the_set(rank: int, size: int) -> None:
+    """DistributedGradientTape and the Keras optimizer of a process set, called on every
+    rank: members get the members' average, a rank outside the set its own gradients
+    unchanged (Horovod's identity branch), with no collective and no error."""
+    if size < 3:
+        return
+    members = [0, size - 1]
+    pair = hvd.add_process_set(members)
+    variable = tf.Variable([1.0, 2.0, 3.0])
+    factor = lambda r: float(r + 1)  # noqa: E731  d loss / d v = factor * 2 v
+
+    def grads():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(variable ** 2) * factor(rank)
+        return hvd.DistributedGradientTape(tape, process_set=pair).gradient(loss, [variable])
+    mine = 2 * np.array([1.0, 2.0, 3.0]) * factor(rank)
+    want = 2 * np.array([1.0, 2.0, 3.0]) * np.mean([factor(r) for r in members]) \
+        if rank in members else mine
+    for mode, fn in (("eager", grads), ("graph", tf.function(grads))):
+        close(fn()[0].numpy(), want, f"{mode} tape gradient on rank {rank}, set {members}",
+              tol=1e-6)
+    import keras
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), process_set=pair)
+    weights = keras.Variable([1.0, 2.0, 3.0])
+    optimizer.apply_gradients([(tf.constant(mine, tf.float32), weights)])
+    close(weights.numpy(), np.array([1.0, 2.0, 3.0]) - want,
+          f"Keras optimizer step on rank {rank}, set {members}", tol=1e-6)
+    hvd.remove_process_set(pair)
+
+
 if __name__ == "__main__":
     quiet_tensorflow()
     run_checks([use_before_init, collectives, gradients, eager_tape_over_tf_function,
                 second_order, mismatch, sparse_and_compression, variables_and_objects,
-                process_set, results_kept_across_calls, odd_sized_groups, tape_flat_buckets],
+                process_set, results_kept_across_calls, odd_sized_groups, tape_flat_buckets,
+                gradients_outside_the_set],
                MPI.COMM_WORLD.Get_rank(),
                MPI.COMM_WORLD.Get_size())
