@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> None:
                                      description=sys.modules[__package__].__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the figures to this file (rank 0)")
+    parser.add_argument("--record", metavar="FOLDER",
+                        help="write the figures as a new record in this folder (rank 0; "
+                             "docs/records in the repository: see bench/records.py)")
     parser.add_argument("--plot", help="draw bus bandwidth against size to this PNG (rank 0)")
     parser.add_argument("--idle-rounds", type=int, default=16,
                         help="rounds of the idle-cost measurement (default 16)")
@@ -85,6 +88,12 @@ def main(argv: list[str] | None = None) -> None:
         report.print_report(comm.Get_size(), figures)
         if args.json:
             report.write_json(args.json, figures)
+        if args.record:
+            from . import records
+            command = "horovodishrun -np {} python -m horovodish.bench {}".format(
+                comm.Get_size(), " ".join(a for a in (argv if argv is not None else
+                                                      sys.argv[1:]) if a)).strip()
+            print(f"record: {records.write(args.record, 'bench', figures, command)}")
         if args.plot:
             report.plot(figures["allreduce"], args.plot)
     comm.Free()

@@ -1,6 +1,6 @@
 """The other collectives users call through torch, in place and out of place, and through
 TensorFlow, each next to MPI's own call on numpy buffers in the same run: broadcast,
-grouped allreduce, allgather and reducescatter (issue 21: every public path, not only
+grouped allreduce, allgather and reducescatter (every public path, not only
 allreduce)."""
 from __future__ import annotations
 

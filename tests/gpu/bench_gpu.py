@@ -1,4 +1,4 @@
-"""The GPU path's figures (issue 24), written as JSON to argv[1]:
+"""The GPU path's figures, written as JSON to argv[1]:
 
 1. pack + unpack of ResNet-50's 161 gradients (float32, about 102 MB) by the batched
    kernel, against a device-to-device copy of the same bytes (target: >= 60% of the
@@ -302,6 +302,18 @@ def main() -> None:
             figures[name] = {"error": f"{type(exc).__name__}: {exc}"}
         out.write_text(json.dumps(figures, indent=2))  # after each: a kill keeps the rest
         sys.stdout.write(f"{name}: {json.dumps(figures[name])}\n")
+    if hvd.rank() == 0:  # a record beside figures.json: copy it into docs/records
+        from horovodish.bench import records
+        gpu = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
+        try:
+            from cupy.cuda import nccl
+            version = nccl.get_version()  # e.g. 22809 for 2.28.9
+            gpu["nccl"] = f"{version // 10000}.{version % 10000 // 100}.{version % 100}"
+        except Exception:  # noqa: BLE001 (a record without NCCL's version is still one)
+            pass
+        path = records.write(out.parent, "gpu", figures, "bash tests/gpu/run_on_gpu.sh",
+                             extra_machine=gpu)
+        sys.stdout.write(f"record: {path}\n")
     hvd.shutdown()
 
 

@@ -1,36 +1,36 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 24, in one run on a GPU machine (stage limits add up to under
+# The GPU checks, in one run on a machine with a GPU (stage limits add up to under
 # 8 minutes; passing runs took 74 to 89 s on an H100):
-#   bash tests/gpu/run_on_gpu.sh          # from the repository root; results in $OUT
-# Expects the lent machine's own stack (no registry there): python3 with torch (CUDA),
+#   bash tests/gpu/run_on_gpu.sh          # from the repository root; results in $RESULTS
+# Expects the machine's own stack (no package registry needed): python3 with torch (CUDA),
 # CuPy with NCCL, mpi4py on Open MPI, pytest (and pytest-xdist, to run the 1-, 2- and
 # 4-rank jobs side by side); installs this checkout without dependencies.
 # Every stage is time-limited and logged, and a failure does not stop the next. Only
-# three files come back ($OUT keeps few): $OUT/summary.txt (each stage's exit code,
-# seconds and last lines), $OUT/gpu.log (the summary, then every stage's whole log) and
-# $OUT/figures.json (the benchmark's figures). SKIP_INSTALL=1 skips the install stage.
+# three files are written: $RESULTS/summary.txt (each stage's exit code, seconds and
+# last lines), $RESULTS/gpu.log (the summary, then every stage's whole log) and
+# $RESULTS/figures.json (the benchmark's figures). SKIP_INSTALL=1 skips the install stage.
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/gpu-out}
+RESULTS=${RESULTS:-${OUT:-$PWD/gpu-out}}
 LOGS=$(mktemp -d)
-mkdir -p "$OUT"
+mkdir -p "$RESULTS"
 # The interpreter's own path: ranks started by mpirun may find another python3 on PATH.
 PY=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # Open MPI as root
 export OMPI_MCA_rmaps_base_oversubscribe=1  # 4 ranks whatever the slot count
 export HOROVODISH_GPU_TEST_TIMEOUT=${HOROVODISH_GPU_TEST_TIMEOUT:-150}  # per job
-: > "$OUT/summary.txt"
+: > "$RESULTS/summary.txt"
 
 stage() {  # stage NAME SECONDS COMMAND...
     local name=$1 limit=$2 start rc
     shift 2
     start=$(date +%s)
-    echo "== $name (limit ${limit}s): $*" | tee -a "$OUT/summary.txt"
+    echo "== $name (limit ${limit}s): $*" | tee -a "$RESULTS/summary.txt"
     timeout --kill-after=15 "$limit" "$@" > "$LOGS/$name.log" 2>&1
     rc=$?
-    echo "   $name: exit $rc after $(( $(date +%s) - start ))s" | tee -a "$OUT/summary.txt"
-    tail -n 8 "$LOGS/$name.log" | sed 's/^/   | /' | tee -a "$OUT/summary.txt"
+    echo "   $name: exit $rc after $(( $(date +%s) - start ))s" | tee -a "$RESULTS/summary.txt"
+    tail -n 8 "$LOGS/$name.log" | sed 's/^/   | /' | tee -a "$RESULTS/summary.txt"
 }
 
 stage environment 40 bash -c "nvidia-smi -L; command -v mpirun && mpirun --version | head -2
@@ -54,7 +54,7 @@ if ! "$PY" -c "import horovodish.launcher" 2>/dev/null; then
     # Not installed: horovodish.launcher (setup.py maps it to launcher/) through a link
     # in this copy of the checkout, with the checkout on PYTHONPATH.
     ln -sfn ../launcher horovodish/launcher
-    echo "   horovodish.launcher linked into this checkout" | tee -a "$OUT/summary.txt"
+    echo "   horovodish.launcher linked into this checkout" | tee -a "$RESULTS/summary.txt"
 fi
 stage check_build 40 "$PY" -m horovodish.launcher --check-build
 
@@ -64,21 +64,21 @@ if ! command -v mpirun > /dev/null && ! [ -x "$(dirname "$($PY -c 'import sys; p
     stage collectives_np1_nccl 150 env HOROVODISH_GPU_OPERATIONS=nccl \
         "$PY" tests/gpu/workers/gpu_worker.py
     stage bench 150 env HOROVODISH_GPU_OPERATIONS=nccl \
-        "$PY" tests/gpu/bench_gpu.py "$OUT/figures.json"
+        "$PY" tests/gpu/bench_gpu.py "$RESULTS/figures.json"
 elif "$PY" -c "import pytest, xdist" 2>/dev/null; then
     # The kernel tests and the three jobs (1 rank NCCL, 2 and 4 ranks staged) side by side.
     stage tests 200 "$PY" -m pytest -q -p no:cacheprovider -n 5 -rA tests/gpu
     stage bench 150 env HOROVODISH_GPU_OPERATIONS=nccl \
-        "$PY" -m horovodish.launcher -np 1 "$PY" tests/gpu/bench_gpu.py "$OUT/figures.json"
+        "$PY" -m horovodish.launcher -np 1 "$PY" tests/gpu/bench_gpu.py "$RESULTS/figures.json"
 else
     stage tests 300 "$PY" -m pytest -q -p no:cacheprovider -rA tests/gpu
     stage bench 150 env HOROVODISH_GPU_OPERATIONS=nccl \
-        "$PY" -m horovodish.launcher -np 1 "$PY" tests/gpu/bench_gpu.py "$OUT/figures.json"
+        "$PY" -m horovodish.launcher -np 1 "$PY" tests/gpu/bench_gpu.py "$RESULTS/figures.json"
 fi
 
-cp "$OUT/summary.txt" "$OUT/gpu.log"
+cp "$RESULTS/summary.txt" "$RESULTS/gpu.log"
 for log in "$LOGS"/*.log; do
-    { echo "##### $(basename "$log")"; cat "$log"; } >> "$OUT/gpu.log"
+    { echo "##### $(basename "$log")"; cat "$log"; } >> "$RESULTS/gpu.log"
 done
 rm -rf "$LOGS"
-echo "done: $OUT/summary.txt, $OUT/gpu.log, $OUT/figures.json"
+echo "done: $RESULTS/summary.txt, $RESULTS/gpu.log, $RESULTS/figures.json"

@@ -8,7 +8,7 @@ imports it when first called.
 The choice is made at ``init()``: ``HOROVODISH_GPU_OPERATIONS=nccl|mpi`` (or
 Horovod's ``HOROVOD_GPU_OPERATIONS``) for every collective, ``HOROVOD_GPU_ALLREDUCE``
 for allreduce alone. Unset, the default is NCCL wherever CuPy's NCCL loads, else
-host-staged MPI (``NCCL_IS_DEFAULT``: tests/gpu passed on an H100, issue 24); whether
+host-staged MPI (``NCCL_IS_DEFAULT``: tests/gpu passes on an H100); whether
 it loads is found out at the first CUDA tensor (``AUTO``), so a job that never has
 one never imports CuPy.
 
@@ -35,8 +35,8 @@ HOST_STAGED = "mpi"
 DEVICE_CUDA = "cuda"
 DEVICE_CUDA_STAGED = "cuda/host"
 
-# True since tests/gpu/run_on_gpu.sh passed on a GPU machine (issue 24): unset, CUDA
-# tensors take NCCL wherever CuPy's NCCL loads.
+# tests/gpu/run_on_gpu.sh passes on an H100 with NCCL: unset, CUDA tensors take NCCL
+# wherever CuPy's NCCL loads.
 NCCL_IS_DEFAULT = True
 AUTO = "auto"  # the default, resolved at the first CUDA tensor (nccl_loads())
 

@@ -1,0 +1,201 @@
+"""``python -m horovodish.bench.render``: put the latest records' figures into the docs.
+
+A doc marks where a kind's table goes::
+
+    <!-- records:bench -->
+    (replaced by the table of the newest bench record)
+    <!-- /records:bench -->
+
+and this program rewrites what lies between the markers from the newest record of that
+kind in the records folder (records.py). ``--check`` changes nothing and exits 1 if a
+doc is not what its records give (CI runs it, so the docs cannot drift from them).
+
+    python -m horovodish.bench.render [--records docs/records] [--docs docs] [--check]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from . import records
+
+_BLOCK = re.compile(r"(<!-- records:(?P<kind>[\w-]+) -->\n)(?P<body>.*?)(<!-- /records:(?P=kind) -->)",
+                    re.DOTALL)
+
+
+def _source(record: dict[str, Any]) -> str:
+    m = record["machine"]
+    known = lambda value: value not in (None, "", "not recorded")  # noqa: E731
+    hardware = [m.get("gpu"), m.get("cpu"),
+                f"{m['cores']} cores" if known(m.get("cores")) else None,
+                f"{m['memory_gib']} GiB" if known(m.get("memory_gib")) else None]
+    versions = [f"{k} {v}" for k, v in m.get("versions", {}).items()
+                if k in ("python", "torch", "tensorflow", "cupy", "nccl", "mpi4py", "mpi", "jax")
+                and known(v)]
+    commit = f", commit `{m['commit'][:10]}`" if known(m.get("commit")) else ""
+    return (f"Measured {record['time'][:10]} on "
+            f"{', '.join(h for h in hardware if known(h))} ({', '.join(versions)}){commit}, "
+            f"with `{record['command']}`.\n")
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _bench(record: dict[str, Any]) -> str:
+    f = record["figures"]
+    out = [_source(record), f"\n{f['ranks']} ranks. Allreduce, float32 Sum, synchronous: "
+           "each path's time and its ratio to `MPI_Allreduce` (above 1 is faster).\n\n"]
+    paths = list(f["allreduce"][0]["paths"]) if f.get("allreduce") else []
+    out.append(_table(["bytes", "MPI µs", *paths], [
+        [row["bytes"], f"{row['mpi_s'] * 1e6:.1f}",
+         *(f"{row['paths'][p]['seconds'] * 1e6:.1f} ({row['paths'][p]['ratio_to_mpi']:.2f}×)"
+           for p in paths)] for row in f.get("allreduce", [])]))
+    small = f.get("many_small")
+    if small:
+        out.append(f"\n{small['count']} × {small['bytes_each'] >> 10} KiB submitted at once, "
+                   "then synchronized, against one `MPI_Allreduce` of the concatenation "
+                   f"({small['mpi_one_call_s'] * 1e3:.2f} ms):\n\n")
+        out.append(_table(["path", "ms", "× one MPI call"], [
+            [p, f"{v['seconds'] * 1e3:.2f}", f"{v['over_one_call']:.2f}"]
+            for p, v in small["paths"].items()]))
+    step = f.get("training")
+    if step:
+        widths = "-".join(map(str, step["widths"]))
+        out.append(f"\nTraining step, MLP {widths}, batch {step['batch_per_rank']} per rank "
+                   f"(horovodish / DDP: {step['over_ddp']:.2f}×):\n\n")
+        out.append(_table(["contender", "steps/s"], [
+            [k, f"{v:.1f}"] for k, v in step["steps_per_s"].items()]))
+    many = f.get("many_tensors")
+    if many:
+        out.append(f"\nMany-tensor step ({many['parameter_tensors']} parameter tensors, batch "
+                   f"{many['batch_per_rank']} per rank, plain SGD): ms per step and the host "
+                   "time each reducer adds over the plain step, per parameter tensor "
+                   "(medians over rounds; ranges in the record):\n\n")
+        rows = []
+        for label, row in (("replicated", many), ("sharded (against torch's "
+                                                   "ZeroRedundancyOptimizer)", many["sharded"])):
+            times, added = row["ms_per_step"], row["added_us_per_tensor"]
+            ours, other = list(added)
+            rows.append([label, f"{times['no communication']:.2f}", f"{times[other]:.2f}",
+                         f"{times[ours]:.2f}", f"{added[other]:.1f}", f"{added[ours]:.1f}",
+                         f"{row['ours_added_over_ddp_added']:.2f}"])
+        out.append(_table(["optimizer", "plain ms", "DDP ms", "horovodish ms",
+                           "DDP adds µs/tensor", "horovodish adds µs/tensor",
+                           "horovodish's added / DDP's"], rows))
+    idle = f.get("idle")
+    if idle:
+        out.append(f"\nIdle runtime: {idle['runtime_thread_cpu_percent']:.2f}% of a core; a "
+                   f"compute-bound loop beside it {idle['slowdown_percent']:.2f}% slower "
+                   f"(noise floor {idle['noise_floor_percent']:.2f}%).\n")
+    return "".join(out)
+
+
+def _horovod_suites(record: dict[str, Any]) -> str:
+    f = record["figures"]
+    rows = [[s["suite"], s["ranks"], s["passed"], s["failed"], s["skipped"],
+             "yes" if s.get("hung") else "no", f"{s['seconds']:.0f}",
+             "; ".join(s.get("failures", [])) or "-"] for s in f["suites"]]
+    return (_source(record) + f"\nHorovod {f.get('horovod', '?')}'s own suites, unchanged, "
+            "through the `horovod` alias:\n\n" + _table(
+                ["suite", "ranks", "passed", "failed", "skipped", "hung", "s",
+                 "failed tests"], rows))
+
+
+def _gpu(record: dict[str, Any]) -> str:
+    f = record["figures"]
+
+    def cell(section: str, key: str, fmt: str = "{:.2f}") -> str:
+        value = f.get(section, {}).get(key)
+        return fmt.format(value) if isinstance(value, (int, float)) else "-"
+
+    def met(section: str) -> str:
+        figure = f.get(section, {})
+        return "error" if "error" in figure else "met" if figure.get("met") else "not met"
+    rows = [
+        ["pack + unpack of ResNet-50's 161 gradients, share of device copy bandwidth",
+         cell("fusion_kernel", "pack_unpack_fraction_of_copy_bandwidth"),
+         cell("fusion_kernel", "target", "≥ {}"), met("fusion_kernel")],
+        ["64 MiB allreduce, 20 in flight, over raw NCCL",
+         cell("allreduce_64MiB", "runtime_in_flight_over_raw"),
+         cell("allreduce_64MiB", "target", "≤ {}"), met("allreduce_64MiB")],
+        ["ResNet-50 step, batch 32, DistributedOptimizer over plain torch",
+         cell("resnet50_step", "distributed_over_plain", "{:.3f}"),
+         cell("resnet50_step", "target", "≤ {}"), met("resnet50_step")],
+        ["ResNet-50 step, batch 128, DistributedOptimizer over plain torch",
+         cell("resnet50_step_batch128", "distributed_over_plain", "{:.3f}"),
+         cell("resnet50_step_batch128", "target", "≤ {}"), met("resnet50_step_batch128")],
+        ["host time of a synchronous allreduce of a CUDA tensor / a CPU tensor (µs)",
+         f"{cell('host_costs_us', 'allreduce_cuda_tensor', '{:.1f}')} / "
+         f"{cell('host_costs_us', 'allreduce_cpu_tensor', '{:.1f}')}", "-", "-"]]
+    return (_source(record) + f"\n{f.get('ranks', 1)} rank(s) on {f.get('device', '?')}:\n\n"
+            + _table(["figure", "value", "target", ""], rows))
+
+
+def _gpu_history(folder: Path) -> str:
+    rows = []
+    for record in records.load(folder, "gpu"):
+        f = record["figures"]
+        rows.append([record["time"][:10], (record["machine"].get("commit") or "-")[:10],
+                     *(f"{f.get(section, {}).get(key):.3f}"
+                       if isinstance(f.get(section, {}).get(key), (int, float)) else "-"
+                       for section, key in (
+                           ("fusion_kernel", "pack_unpack_fraction_of_copy_bandwidth"),
+                           ("allreduce_64MiB", "runtime_in_flight_over_raw"),
+                           ("resnet50_step", "distributed_over_plain"),
+                           ("resnet50_step_batch128", "distributed_over_plain")))])
+    return "Every GPU record, oldest first:\n\n" + _table(
+        ["date", "commit", "kernel share of copy bandwidth", "64 MiB in flight / raw",
+         "ResNet-50 b32 / plain", "ResNet-50 b128 / plain"], rows)
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "bench": _bench, "horovod-suites": _horovod_suites, "gpu": _gpu}
+
+
+def render_text(text: str, folder: Path) -> str:
+    """``text`` with every marked block rewritten from its kind's newest record."""
+    def block(match: re.Match) -> str:
+        kind = match["kind"]
+        if kind == "gpu-history":
+            return match.group(1) + _gpu_history(folder) + match.group(4)
+        record = records.latest(folder, kind)
+        if kind not in RENDERERS:
+            raise ValueError(f"no renderer for records of kind '{kind}'")
+        body = RENDERERS[kind](record) if record else f"(no {kind} record yet)\n"
+        return match.group(1) + body + match.group(4)
+    return _BLOCK.sub(block, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m horovodish.bench.render",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--records", default="docs/records")
+    parser.add_argument("--docs", default="docs")
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if a doc differs from its records")
+    args = parser.parse_args(argv)
+    stale = []
+    for doc in sorted(Path(args.docs).glob("*.md")):
+        text = doc.read_text()
+        new = render_text(text, Path(args.records))
+        if new != text:
+            stale.append(str(doc))
+            if not args.check:
+                doc.write_text(new)
+    if args.check and stale:
+        print("not what their records give (run python -m horovodish.bench.render): "
+              + ", ".join(stale))
+        return 1
+    print(("checked: " if args.check else "rendered: ") + (", ".join(stale) or "no change"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

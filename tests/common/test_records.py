@@ -1,0 +1,54 @@
+"""Records and the program that renders them into the docs (horovodish/bench/records.py,
+render.py): the newest record of a kind fills its marked block, and the committed docs
+are what the committed records give."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from horovodish.bench import records, render
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def suites(passed: int) -> dict:
+    return {"horovod": "0.28.1", "suites": [
+        {"suite": "parallel/test_torch.py", "ranks": 2, "passed": passed, "failed": 3,
+         "skipped": 12, "hung": False, "seconds": 21.0,
+         "failures": ["test_optimizer_no_named_parameters"]}]}
+
+
+def test_a_record_says_what_was_measured_on_what_and_how(tmp_path: Path):
+    path = records.write(tmp_path, "horovod-suites", suites(100), "python x.py")
+    record = json.loads(path.read_text())
+    assert record["kind"] == "horovod-suites" and record["command"] == "python x.py"
+    assert record["machine"]["cores"] >= 1 and record["machine"]["versions"]["python"]
+    assert record["figures"] == suites(100)
+    assert records.latest(tmp_path, "horovod-suites") == record
+    assert records.latest(tmp_path, "bench") is None
+
+
+def test_the_newest_record_fills_its_block_and_check_sees_stale_docs(tmp_path: Path):
+    folder, docs = tmp_path / "records", tmp_path / "docs"
+    docs.mkdir()
+    doc = docs / "api.md"
+    doc.write_text("# API\n\n<!-- records:horovod-suites -->\nold\n"
+                   "<!-- /records:horovod-suites -->\n\nafter\n")
+    first = records.write(folder, "horovod-suites", suites(99), "cmd")
+    newest = json.loads(first.read_text())
+    newest["time"], newest["figures"] = "2999-01-01T00:00:00+00:00", suites(100)
+    (folder / "horovod-suites-29990101T000000Z.json").write_text(json.dumps(newest))
+    argv = ["--records", str(folder), "--docs", str(docs)]
+    assert render.main([*argv, "--check"]) == 1
+    assert render.main(argv) == 0
+    text = doc.read_text()
+    assert "| parallel/test_torch.py | 2 | 100 | 3 | 12 | no | 21 | " \
+           "test_optimizer_no_named_parameters |" in text, text
+    assert "| 99 |" not in text and "old" not in text and text.endswith("\n\nafter\n")
+    assert "Measured 2999-01-01" in text and "with `cmd`" in text
+    assert render.main([*argv, "--check"]) == 0  # rendering again changes nothing
+
+
+def test_the_committed_docs_are_what_the_committed_records_give():
+    assert render.main(["--check", "--records", str(REPO / "docs" / "records"),
+                        "--docs", str(REPO / "docs")]) == 0
