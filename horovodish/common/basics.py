@@ -1,4 +1,5 @@
-"""Horovod's ``horovod.common.basics``: the object behind each framework's
+"""Horovod import path (a shim; nothing here is horovodish's own logic): Horovod's
+``horovod.common.basics``: the object behind each framework's
 ``mpi_ops._basics``.
 
 Horovod's own test suites read the process-set table through two of its private

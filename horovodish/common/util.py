@@ -1,4 +1,4 @@
-"""Horovod's ``horovod.common.util`` helpers, for scripts and test suites that import them.
+"""Horovod import path (a shim): Horovod's ``horovod.common.util`` helpers, for scripts and test suites that import them.
 
 Horovod's own test suites and some training scripts import these (``env`` to set
 variables around ``init()``, ``is_version_greater_equal_than`` to branch on

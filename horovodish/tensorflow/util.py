@@ -1,4 +1,5 @@
-"""Helpers Horovod scripts import from ``horovod.tensorflow.util``."""
+"""Horovod import path (a shim): helpers Horovod scripts import from
+``horovod.tensorflow.util``."""
 from __future__ import annotations
 
 import tensorflow as tf

@@ -1,4 +1,4 @@
-"""Horovod's ``horovod.runner.util.threads``: start a function in a background thread,
+"""Horovod import path (a shim): Horovod's ``horovod.runner.util.threads``: start a function in a background thread,
 now or once an event is set (Horovod's test utilities and some launch scripts use them)."""
 from __future__ import annotations
 

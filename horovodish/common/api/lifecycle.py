@@ -25,6 +25,7 @@ from ..runtime.assemble import build_runtime
 from ..runtime.heartbeat import HostWatchdog
 from . import process_state as _current
 from .collectives import reset_auto_names
+from .launch_check import refuse_lone_copies
 from .objects import allgather_object
 from .process_sets import ProcessSet, disagreement, global_process_set, new_groups
 from .process_state import State, state
@@ -64,6 +65,8 @@ def _start(comm: Any, process_sets: Any) -> None:
     """init()'s work on a process not yet initialized (the lock is held)."""
     global _atexit_registered, _initialized_once
     config = Config.from_env()
+    refuse_lone_copies(MPI.COMM_WORLD.Get_size(), os.environ,
+                       " ".join(MPI.Get_library_version().splitlines()[0].split()))
     base = MPI.COMM_WORLD if comm is None else comm
     if isinstance(base, Sequence):
         ranks = list(base)

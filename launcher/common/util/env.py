@@ -1,4 +1,4 @@
-"""Horovod's ``horovod.runner.common.util.env``: this process's rank and size as its
+"""Horovod import path (a shim): Horovod's ``horovod.runner.common.util.env``: this process's rank and size as its
 launcher gave them, before ``init()`` (Horovod's test suites and some scripts decide
 what to run from them)."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Benchmark across hosts: the allreduce strategies side by side in one job, with the
 bytes that crossed each host's link and the lower bound.
 
-    horovodishrun -np 4 -H h1:2,h2:2 python -m horovodish.bench_hosts \\
+    horovodishrun -np 4 -H h1:2,h2:2 python -m horovodish.bench.hosts \\
         --link-rate 1gbit [--link-dev eth0] [--sizes 64] [--json out.json]
 
 For each size, in alternating rounds (so a slow spell of a shared machine hits every
@@ -29,9 +29,9 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from .common import api
-from .common.api import collectives
-from .common.messages import ReduceOp
+from ..common import api
+from ..common.api import collectives
+from ..common.messages import ReduceOp
 
 # The runtime's strategies: the variables each is started with.
 STRATEGIES = {
@@ -154,7 +154,7 @@ def negotiation(job: Job, iters: int = 50) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m horovodish.bench_hosts",
+    parser = argparse.ArgumentParser(prog="python -m horovodish.bench.hosts",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[64],
                         help="allreduce sizes in MiB (default 64)")
