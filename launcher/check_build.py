@@ -6,10 +6,12 @@ have?"; this answers it by actually importing them, not by reading package metad
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 from importlib import metadata
 
+from . import allocation
 from .mpirun import locate
 
 FRAMEWORKS = (("PyTorch", "torch"), ("TensorFlow", "tensorflow"), ("Keras", "keras"))
@@ -132,7 +134,8 @@ def report() -> str:
               row("MPI library:", mpi, mpi or "mpi4py not importable"),
               row("mpirun:", runner and runner.path,
                   f"{runner.path} ({runner.flavour})" if runner
-                  else "not found (pip install mpich)")]
+                  else "not found (pip install mpich)"),
+              f"    Ranks go to: {allocation.describe(os.environ)}"]
     return "\n".join(lines)
 
 

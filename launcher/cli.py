@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 from horovodish import __version__
 
+from . import allocation
 from .hosts import parse_hostfile, parse_hosts
 from .remote import DEFAULT_START_TIMEOUT
 
@@ -252,18 +255,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        (args.min_np, args.max_np, args.host_discovery_script))
     if args.elastic:
         _check_elastic(parser, args)
-    if args.num_proc is None:
-        parser.error("-np/--num-proc is required")
     if not args.command:
         parser.error("a command to run is required, e.g. horovodishrun -np 2 python train.py")
+    if not (args.hosts or args.hostfile or args.elastic):
+        _hosts_from_environment(parser, args)
     if args.hostfile is not None:
         try:
             args.hostfile_hosts = parse_hostfile(Path(args.hostfile).read_text())
         except (OSError, ValueError, UnicodeDecodeError) as exc:
             parser.error(f"argument --hostfile: {args.hostfile}: {exc}")
+    if args.num_proc is None:
+        given = args.hostfile_hosts if args.hostfile_hosts is not None else args.hosts
+        if not given or any(host.slots is None for host in given):
+            parser.error("-np/--num-proc is required")
+        args.num_proc = sum(host.slots for host in given)
     if not args.elastic:
         _check_slots(parser, args)
     return args
+
+
+def _hosts_from_environment(parser: argparse.ArgumentParser,
+                            args: argparse.Namespace) -> None:
+    """No -H or --hostfile: a hostfile a scheduler named, or the Slurm allocation
+    (launcher/allocation.py)."""
+    try:
+        found = allocation.from_environment(os.environ)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        parser.error(f"inside a Slurm allocation, but its hosts cannot be read ({exc}); "
+                     "pass -H host:slots,...")
+    if found is None:
+        return
+    kind, where = found
+    if kind == "hostfile":
+        args.hostfile = where
+    else:
+        args.hosts = where
 
 
 def _check_elastic(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -1,0 +1,69 @@
+"""Where ranks go without -H/--hostfile: a hostfile a scheduler named (HYDRA_HOST_FILE,
+as Kubernetes' MPI Operator sets it; Open MPI's default hostfile variables), or the
+Slurm allocation (its nodes and SLURM_TASKS_PER_NODE); -np defaults to their slots."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from horovodish.launcher import allocation, cli
+from horovodish.launcher.hosts import Host
+
+
+def test_slurm_tasks_per_node():
+    assert allocation.tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert allocation.tasks_per_node("4") == [4]
+    with pytest.raises(ValueError, match="cannot read"):
+        allocation.tasks_per_node("2(3)")
+
+
+def fake_scontrol(names: list[str]):
+    def run(argv, **_):
+        assert argv[:3] == ["scontrol", "show", "hostnames"]
+        return subprocess.CompletedProcess(argv, 0, "\n".join(names) + "\n", "")
+    return run
+
+
+def test_slurm_hosts_pair_nodes_with_their_task_counts():
+    env = {"SLURM_JOB_NODELIST": "node[1-3]", "SLURM_TASKS_PER_NODE": "2(x2),1"}
+    assert allocation.slurm_hosts(env, fake_scontrol(["node1", "node2", "node3"])) == [
+        Host("node1", 2, "colon"), Host("node2", 2, "colon"), Host("node3", 1, "colon")]
+    assert allocation.slurm_hosts({}, fake_scontrol([])) is None
+    with pytest.raises(ValueError, match="gives 2 nodes"):
+        allocation.slurm_hosts({"SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "2(x2)"},
+                               fake_scontrol(["n1", "n2", "n3"]))
+
+
+def test_a_scheduler_hostfile_stands_in_for_hostfile_and_np(tmp_path: Path, monkeypatch):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-0:2\nworker-1 slots=2\n")  # either syntax
+    monkeypatch.setenv("HYDRA_HOST_FILE", str(hostfile))
+    args = cli.parse_args(["python", "train.py"])
+    assert args.hostfile == str(hostfile) and args.num_proc == 4
+    assert [h.name for h in args.hostfile_hosts] == ["worker-0", "worker-1"]
+    args = cli.parse_args(["-np", "2", "-H", "localhost:2", "python", "train.py"])
+    assert args.hostfile is None and args.num_proc == 2  # -H wins
+    monkeypatch.setenv("HYDRA_HOST_FILE", str(tmp_path / "missing"))
+    with pytest.raises(SystemExit):  # no hostfile there: -np is required again
+        cli.parse_args(["python", "train.py"])
+
+
+def test_a_job_under_hydra_host_file_runs_on_its_slots(tmp_path: Path):
+    """The MPI Operator's contract, on this host: a hostfile in HYDRA_HOST_FILE and no
+    -H or -np; the job starts the slots' count of ranks."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost:2\n")
+    env = {**os.environ, "HYDRA_HOST_FILE": str(hostfile)}
+    code = "from mpi4py import MPI; c = MPI.COMM_WORLD; print(f'RANK {c.rank} OF {c.size}')"
+    out = subprocess.run([sys.executable, "-m", "horovodish.launcher", sys.executable, "-c",
+                          code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert sorted(line for line in out.stdout.splitlines() if line.startswith("RANK")) == [
+        "RANK 0 OF 2", "RANK 1 OF 2"], out.stdout
+    check = subprocess.run([sys.executable, "-m", "horovodish.launcher", "--check-build"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert f"Ranks go to: the hostfile {hostfile} (1 hosts)" in check.stdout, check.stdout
