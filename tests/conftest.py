@@ -1,5 +1,9 @@
-"""Makes tests/multirank.py importable from every test directory."""
-import sys
+"""tests/ is importable (multirank, worker_support) from every test module, through
+pytest.ini's ``pythonpath``, and from every process a test starts, through PYTHONPATH set
+here: no test or worker edits sys.path."""
+import os
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+TESTS = str(Path(__file__).parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [TESTS, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])

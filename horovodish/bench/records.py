@@ -62,7 +62,7 @@ def _versions() -> dict[str, str]:
             versions[module] = str(getattr(loaded, "__version__", "?"))
     mpi4py = sys.modules.get("mpi4py.MPI")
     if mpi4py is not None:
-        versions["mpi"] = mpi4py.Get_library_version().splitlines()[0].strip()
+        versions["mpi"] = " ".join(mpi4py.Get_library_version().splitlines()[0].split())
     return versions
 
 

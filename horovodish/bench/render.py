@@ -32,7 +32,7 @@ def _source(record: dict[str, Any]) -> str:
     hardware = [m.get("gpu"), m.get("cpu"),
                 f"{m['cores']} cores" if known(m.get("cores")) else None,
                 f"{m['memory_gib']} GiB" if known(m.get("memory_gib")) else None]
-    versions = [f"{k} {v}" for k, v in m.get("versions", {}).items()
+    versions = [f"{k} {' '.join(str(v).split())}" for k, v in m.get("versions", {}).items()
                 if k in ("python", "torch", "tensorflow", "cupy", "nccl", "mpi4py", "mpi", "jax")
                 and known(v)]
     commit = f", commit `{m['commit'][:10]}`" if known(m.get("commit")) else ""

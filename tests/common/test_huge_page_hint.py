@@ -14,7 +14,6 @@ from horovodish.common.huge_pages import kernel_mode, missing_tunable_hint
 from horovodish.launcher.mpirun import find_mpirun
 from horovodish.launcher.process import kill_tree
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from multirank import assert_ok, run_ranks  # noqa: E402
 
 INIT = "from horovodish.common import api\napi.init()\napi.shutdown()\n"

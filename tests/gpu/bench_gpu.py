@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
 from gpu.resnet50 import resnet50, resnet50_parameter_shapes  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402

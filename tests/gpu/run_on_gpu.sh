@@ -16,7 +16,7 @@ LOGS=$(mktemp -d)
 mkdir -p "$RESULTS"
 # The interpreter's own path: ranks started by mpirun may find another python3 on PATH.
 PY=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # Open MPI as root
 export OMPI_MCA_rmaps_base_oversubscribe=1  # 4 ranks whatever the slot count
 export HOROVODISH_GPU_TEST_TIMEOUT=${HOROVODISH_GPU_TEST_TIMEOUT:-150}  # per job

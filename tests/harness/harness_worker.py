@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from worker_support import check, close, expect_error, run_checks, same_on_every_rank  # noqa: E402
 
 

@@ -22,7 +22,6 @@ from horovodish.common import api
 from horovodish.common.api import collectives
 from horovodish.common.messages import ReduceOp, RequestType
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from worker_support import check, close, run_checks, same_on_every_rank  # noqa: E402
 
 # Integers small enough that every dtype sums and multiplies them exactly.

@@ -3,7 +3,6 @@ model.fit's weights equal one process on the whole batch, on every rank."""
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
@@ -13,7 +12,6 @@ import tensorflow as tf  # noqa: E402
 import horovodish.tensorflow as hvd_tf  # noqa: E402
 import horovodish.tensorflow.keras as hvd  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from worker_support import close, run_checks, same_on_every_rank  # noqa: E402
 
 FEATURES, HIDDEN, CLASSES, PER_RANK = 64, 512, 3, 4

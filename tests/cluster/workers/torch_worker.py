@@ -3,8 +3,6 @@ the torch collectives against numpy, on every rank. A hidden layer of 512 KiB ma
 fused gradients large enough for the hierarchical allreduce on a 2x2 job."""
 from __future__ import annotations
 
-import os
-import sys
 
 import numpy as np
 import torch
@@ -12,7 +10,6 @@ from torch import nn
 
 import horovodish.torch as hvd
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from worker_support import close, run_checks, same_on_every_rank  # noqa: E402
 
 FEATURES, HIDDEN, PER_RANK, STEPS = 256, 512, 4, 3

@@ -1,12 +1,9 @@
 """Adasum allreduce against its formula computed independently in numpy."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import close, expect_error, run_checks  # noqa: E402
 
 from horovodish.common import api  # noqa: E402

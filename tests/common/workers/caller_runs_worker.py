@@ -27,11 +27,9 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, expect_error, run_checks  # noqa: E402
 
 from horovodish.common import api  # noqa: E402

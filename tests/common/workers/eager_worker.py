@@ -18,14 +18,11 @@ zero for integers without one; the sum in the dtype, in rank order; then the pos
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, close, expect_error, run_checks  # noqa: E402
 
 from horovodish.common import api  # noqa: E402

@@ -4,12 +4,9 @@ one elsewhere, then NCCL on rank 0 and host staging elsewhere. Every rank's hand
 fails naming the tensor, and the runtime goes on."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, close, expect_error, run_checks  # noqa: E402
 
 from horovodish.common import api  # noqa: E402

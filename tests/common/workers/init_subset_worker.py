@@ -2,13 +2,10 @@
 rank left out gets a ValueError saying so (it got a raw MPI error on MPI_COMM_NULL)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, close, expect_error, run_checks  # noqa: E402
 
 from horovodish.common import api  # noqa: E402

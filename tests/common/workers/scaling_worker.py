@@ -9,13 +9,10 @@ runtime-owned result and reducescatter, on 2 ranks.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, run_checks  # noqa: E402
 
 from horovodish.common import api  # noqa: E402

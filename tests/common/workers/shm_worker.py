@@ -2,14 +2,11 @@
 tensors straddle pieces, fill several, and alternate between the two halves."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, close, expect_error, run_checks  # noqa: E402
 
 from horovodish.common.execution.backends.shm import (  # noqa: E402

@@ -4,12 +4,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, expect_error, run_checks  # noqa: E402
 
 from horovodish.common import api  # noqa: E402

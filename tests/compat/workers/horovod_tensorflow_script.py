@@ -4,8 +4,6 @@ behaviours Horovod's own TensorFlow suite relies on, against numpy."""
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
@@ -14,7 +12,6 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402  (the alias: horovodish.tensorflow)
 from horovod.tensorflow.util import _executing_eagerly  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, close, expect_error, run_checks  # noqa: E402
 
 v1 = tf.compat.v1

@@ -2,15 +2,12 @@
 the alias: the behaviours Horovod's own torch suite relies on, against numpy."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
 import horovod.torch as hvd  # the alias: horovodish.torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, close, run_checks  # noqa: E402
 
 

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
 from worker_support import check, close, run_checks  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402

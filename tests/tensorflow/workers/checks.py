@@ -1,14 +1,11 @@
 """Shared by the TensorFlow workers: quiet TF, per-dtype tolerances, deterministic per-rank
-data. The workers check and report through tests/worker_support.py (put on sys.path here)."""
+data. The workers check and report through tests/worker_support.py."""
 from __future__ import annotations
 
 import os
-import sys
 import zlib
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 

@@ -1,13 +1,10 @@
 """DistributedOptimizer(op=Adasum) against the delta rule computed by hand on every rank."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, close, expect_error, run_checks  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402

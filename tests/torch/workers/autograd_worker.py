@@ -8,13 +8,10 @@ Each collective's gradients are a named check (tests/worker_support.py).
 """
 from __future__ import annotations
 
-import sys
 import zlib
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, close, run_checks  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402

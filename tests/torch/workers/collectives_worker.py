@@ -7,14 +7,11 @@ other rank's input and hence the exact reference. Each collective is a named che
 from __future__ import annotations
 
 import os
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, close, expect_error, run_checks  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402

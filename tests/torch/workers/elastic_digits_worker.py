@@ -23,7 +23,6 @@ import json
 import math
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -33,7 +32,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, run_checks, same_on_every_rank  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402

@@ -2,14 +2,11 @@
 HorovodInternalError from a deliberate mismatch on the first attempt."""
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, close, run_checks  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402

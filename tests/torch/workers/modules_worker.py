@@ -7,14 +7,11 @@ batch and runs torch's own BatchNorm on it as the reference. Named checks
 from __future__ import annotations
 
 import copy
-import sys
 import zlib
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, expect_error, run_checks  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402

@@ -11,14 +11,12 @@ import os
 import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check, close, expect_error, run_checks  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402

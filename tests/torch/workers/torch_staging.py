@@ -13,11 +13,8 @@ Example (a worker written with tests/worker_support.py)::
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from worker_support import check  # noqa: E402
 
 
