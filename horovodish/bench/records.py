@@ -17,6 +17,7 @@ import os
 import platform
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,19 @@ def _commit() -> str | None:
 
 
 def _versions() -> dict[str, str]:
+    """Installed versions (from package metadata: nothing is imported for this)."""
     versions = {"python": platform.python_version(), "horovodish": horovodish.__version__}
-    for module in ("numpy", "mpi4py", "torch", "tensorflow", "keras", "jax", "cupy"):
+    for module, package in (("numpy", "numpy"), ("mpi4py", "mpi4py"), ("torch", "torch"),
+                            ("tensorflow", "tensorflow-cpu"), ("tensorflow", "tensorflow"),
+                            ("keras", "keras"), ("jax", "jax"), ("cupy", "cupy")):
         loaded = sys.modules.get(module)
         if loaded is not None:
             versions[module] = str(getattr(loaded, "__version__", "?"))
+            continue
+        try:
+            versions.setdefault(module, metadata.version(package))
+        except metadata.PackageNotFoundError:
+            pass
     mpi4py = sys.modules.get("mpi4py.MPI")
     if mpi4py is not None:
         versions["mpi"] = " ".join(mpi4py.Get_library_version().splitlines()[0].split())

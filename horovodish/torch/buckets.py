@@ -6,7 +6,8 @@ across ranks (rank 0's), and from the second step on parameters are grouped into
 of consecutive parameters in that order, one dtype each, up to a byte cap. A gradient is
 held until its whole bucket is ready and the bucket goes to the core in one submission,
 so fusion follows execution order and a step costs a few negotiation cycles instead of
-one per gradient arrival.
+one per gradient arrival. Once the order is agreed, the Reducer turns these buckets
+into flat ones (flat_buckets.py) and holds here only what stays per tensor.
 
 Explicit groups (Horovod's ``groups=``) use the same holding logic with the user's
 buckets and learn nothing.

@@ -42,7 +42,9 @@ SUITES = [
 ]
 
 _COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
-_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
+# pytest's -rfE lines (SUBFAILED for a unittest subtest), wherever the ranks' merged
+# output put them.
+_FAILED = re.compile(r"(?:SUB)?(?:FAILED|ERROR)(?:\[[^\]]*\])? (\S+::\S+)")
 
 
 def run_suite(horovod: Path, suite: str, ranks: int, limit: int) -> dict:
