@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks, in one run on a machine with a GPU (stage limits add up to under
-# 8 minutes; passing runs took 74 to 89 s on an H100):
+# The GPU checks, in one run on a machine with a GPU (stage limits add up to about
+# 9 minutes; passing runs took 74 to 89 s on an H100 at one NCCL rank):
 #   bash tests/gpu/run_on_gpu.sh          # from the repository root; results in $RESULTS
 # Expects the machine's own stack (no package registry needed): python3 with torch (CUDA),
 # CuPy with NCCL, mpi4py on Open MPI, pytest (and pytest-xdist, to run the 1-, 2- and
@@ -67,7 +67,7 @@ if ! command -v mpirun > /dev/null && ! [ -x "$(dirname "$($PY -c 'import sys; p
         "$PY" tests/gpu/bench_gpu.py "$RESULTS/figures.json"
 elif "$PY" -c "import pytest, xdist" 2>/dev/null; then
     # The kernel tests and the three jobs (1 rank NCCL, 2 and 4 ranks staged) side by side.
-    stage tests 200 "$PY" -m pytest -q -p no:cacheprovider -n 5 -rA tests/gpu
+    stage tests 240 "$PY" -m pytest -q -p no:cacheprovider -n 7 -rA tests/gpu
     stage bench 150 env HOROVODISH_GPU_OPERATIONS=nccl \
         "$PY" -m horovodish.launcher -np 1 "$PY" tests/gpu/bench_gpu.py "$RESULTS/figures.json"
 else

@@ -1,6 +1,7 @@
 """Every collective on CUDA tensors, stream-correct completion and DistributedOptimizer,
-on NCCL (1 rank: NCCL refuses two ranks on one GPU) and host-staged (2 and 4 ranks on
-the one GPU). Skipped without a GPU (conftest.py)."""
+on NCCL at 1 rank, on NCCL between 2 and 4 ranks on the one GPU (each rank with its own
+NCCL_HOSTID: distinct_hosts.py), and host-staged (2 and 4 ranks). Skipped without a GPU
+(conftest.py)."""
 from __future__ import annotations
 
 import os
@@ -11,16 +12,20 @@ import pytest
 from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "gpu_worker.py"
+DISTINCT_HOSTS = Path(__file__).parent / "distinct_hosts.py"
 CHECKS = ["the_path_is_the_one_chosen", "allreduce_every_op_and_dtype",
           "grouped_in_place_and_owned_allreduce",
           "allgather_broadcast_alltoall_reducescatter", "completion_without_a_host_wait",
           "distributed_optimizer_matches_one_process"]
 
 
-@pytest.mark.parametrize("np,path", [(1, "nccl"), (1, "default"), (2, "mpi"), (4, "mpi")])
+@pytest.mark.parametrize("np,path", [(1, "nccl"), (1, "default"), (2, "nccl"), (4, "nccl"),
+                                     (2, "mpi"), (4, "mpi")])
 def test_cuda_tensors(np, path):
-    """default: no variable set, where CuPy's NCCL loads: the NCCL path."""
+    """default: no variable set, where CuPy's NCCL loads: the NCCL path. NCCL at several
+    ranks: each rank its own NCCL_HOSTID, so NCCL takes the ranks on one GPU for hosts."""
     env = {} if path == "default" else {"HOROVODISH_GPU_OPERATIONS": path}
-    result = run_ranks(WORKER, np, env=env,
+    script, args = (DISTINCT_HOSTS, [WORKER]) if path == "nccl" and np > 1 else (WORKER, [])
+    result = run_ranks(script, np, args=args, env=env,
                        timeout=float(os.environ.get("HOROVODISH_GPU_TEST_TIMEOUT", 240)))
     assert_ranks_ok(result, np, CHECKS)

@@ -2,9 +2,9 @@
 is the reference: tests/common checks it against Horovod's arithmetic).
 
 Run by tests/gpu/test_gpu_paths.py and tests/gpu/run_on_gpu.sh: at 1 rank with
-HOROVODISH_GPU_OPERATIONS=nccl and with the default (NCCL refuses two ranks on one GPU),
-and at 2 and 4 ranks with =mpi (host-staged) on the one GPU. Passed on an H100
-(docs/gpu.md, "What has run where").
+HOROVODISH_GPU_OPERATIONS=nccl and with the default; at 2 and 4 ranks on NCCL, each rank
+under tests/gpu/distinct_hosts.py (its own NCCL_HOSTID, or NCCL refuses two ranks on one
+GPU); and at 2 and 4 ranks with =mpi (host-staged) on the one GPU.
 """
 from __future__ import annotations
 
