@@ -424,3 +424,33 @@ def test_a_device_array_names_its_request_by_its_real_dtype():
         assert typed.dtype == torch.zeros(3, dtype=dtype).numpy().dtype
         assert reduction_request(RequestType.ALLREDUCE, "t", typed, ReduceOp.MAX, 1.0, 1.0,
                                  "cuda").dtype == str(dtype)[len("torch."):]
+
+
+def test_abort_ends_every_communicator_and_every_later_cuda_collective(world):
+    """After a failure (a lost or stalled peer) the runtime aborts its NCCL communicators
+    on its own (ncclCommAbort needs no peer), so queued NCCL work and the streams waiting
+    on it do not wait for the lost rank; later CUDA collectives raise, naming why."""
+    w = world(2)
+    communicators = [Communicators(w.comm(r), device_context=_no_context) for r in range(2)]
+    created = w.run(lambda r: communicators[r].get(0))
+    aborted = []
+    for communicator in created:
+        communicator.abort = lambda c=communicator: aborted.append(c.rank)
+    communicators[0].abort(" by the stall inspector")  # rank 0 alone
+    assert aborted == [0]
+    with pytest.raises(RuntimeError, match="aborted by the stall inspector"):
+        communicators[0].get(0)
+
+
+def test_a_runtime_that_ends_the_job_aborts_its_device_communication_first():
+    """The stall inspector's shutdown and an internal error both end the job through
+    Runtime._end_job_after_grace: it aborts the backends' device communication at once,
+    before the grace period the script gets to report the error."""
+    import types
+
+    from horovodish.common.runtime.thread import Runtime
+    reasons: list[str] = []
+    stub = types.SimpleNamespace(_stop_reason=" by the stall inspector",
+                                 executor=types.SimpleNamespace(abort=reasons.append))
+    Runtime._end_job_after_grace(stub, grace=1e9)  # (the job-ending timer never fires)
+    assert reasons == [" by the stall inspector"]

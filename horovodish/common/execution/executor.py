@@ -203,6 +203,14 @@ class Executor:
                 continue
             finish_all(mine, results)
 
+    def abort(self, reason: str) -> None:
+        """After a failure, on this rank alone: backends whose device work could wait
+        for a lost peer give it up (NCCL's communicator abort)."""
+        for backend in self.operations.backends:
+            abort = getattr(backend, "abort", None)
+            if abort is not None:
+                abort(reason)
+
     def close(self) -> None:
         """Release what the backends hold (collective: every rank's runtime calls it
         after the same negotiated shutdown)."""

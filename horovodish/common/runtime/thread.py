@@ -523,6 +523,10 @@ class Runtime:
         aborted, so no rank that never calls another collective can keep the job alive."""
         reason = self._stop_reason.strip()
         log.error("shutting down: %s", reason)
+        try:  # device work queued for a lost peer ends now (pending handles failed above)
+            self.executor.abort(self._stop_reason)
+        except Exception as exc:  # noqa: BLE001 (the job ends anyway)
+            log.error("aborting device communication failed: %r", exc)
 
         def abort() -> None:
             from mpi4py import MPI

@@ -127,6 +127,19 @@ class Communicators:
             communicator.destroy()
         self._communicators.clear()
 
+    def abort(self, reason: str) -> None:
+        """ncclCommAbort on every communicator (local, callable from any thread): after
+        a failure (a peer lost or stalled mid-job), the NCCL operations this rank has
+        queued, and the framework streams that wait on them, would otherwise wait for
+        that peer for good. Every later CUDA collective on this set raises."""
+        self._failure = f"NCCL: the communicators were aborted{reason}"
+        for communicator in list(self._communicators.values()):
+            try:
+                communicator.abort()
+            except Exception:  # noqa: BLE001 (aborting the others matters more)
+                pass
+        self._communicators.clear()
+
 
 @dataclass
 class _Device:
@@ -406,3 +419,7 @@ class NcclBackend(Backend):
         """Destroy the communicators (every rank's runtime closes in the same cycle)."""
         self.communicators.close()
         self._devices.clear()
+
+    def abort(self, reason: str) -> None:
+        """After a failure, alone: see Communicators.abort."""
+        self.communicators.abort(reason)
