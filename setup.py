@@ -4,6 +4,7 @@ from setuptools import find_packages, setup
 TORCH = ["torch>=2.1"]
 TENSORFLOW = ["tensorflow-cpu>=2.16", "keras>=3.0"]
 MPICH = ["mpich>=4.1"]
+JAX = ["jax>=0.4.30", "optax>=0.2"]
 # The NCCL path for CUDA tensors (docs/gpu.md): CuPy, and the NCCL wheel CuPy loads.
 CUDA12 = ["cupy-cuda12x>=13", "nvidia-nccl-cu12"]
 CUDA13 = ["cupy-cuda13x>=14", "nvidia-nccl-cu13"]
@@ -11,7 +12,7 @@ CUDA13 = ["cupy-cuda13x>=14", "nvidia-nccl-cu13"]
 setup(
     name="horovodish",
     version="0.1.0",
-    description="Horovod-style allreduce runtime for PyTorch and TensorFlow/Keras 3",
+    description="Horovod-style allreduce runtime for PyTorch, TensorFlow/Keras 3 and JAX",
     python_requires=">=3.10",
     packages=find_packages(include=["horovodish", "horovodish.*"]) + ["horovodish.launcher"],
     package_dir={"horovodish.launcher": "launcher"},
@@ -22,13 +23,14 @@ setup(
     extras_require={
         "torch": TORCH,
         "tensorflow": TENSORFLOW,
+        "jax": JAX,
         "cuda12": CUDA12,
         "cuda13": CUDA13,
         "cupy": CUDA12,  # the older name of cuda12
         "mpich": MPICH,
         # Everything a CPU-only test machine needs; torch pinned by version (for the CPU
         # build, an index or wheel that serves it: see docs/install.md).
-        "dev": ["torch==2.13.0", *TENSORFLOW, *MPICH, "pytest>=7", "pytest-timeout",
+        "dev": ["torch==2.13.0", *TENSORFLOW, *JAX, *MPICH, "pytest>=7", "pytest-timeout",
                 "scikit-learn", "matplotlib"],
     },
     entry_points={"console_scripts": ["horovodishrun=horovodish.launcher.run:main"]},

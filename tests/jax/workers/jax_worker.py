@@ -1,0 +1,198 @@
+"""horovodish.jax on real ranks, every figure against numpy or one process on the whole
+batch. Each rank's input is a pure function of (rank, name), so every rank computes the
+exact reference. Named checks (tests/worker_support.py)."""
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import optax
+from mpi4py import MPI
+
+from worker_support import check, close, expect_error, run_checks
+
+import horovodish.jax as hvd
+from horovodish.common.api import collectives as core
+
+DTYPES = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-5, "int32": 0.0}
+
+
+def data(rank: int, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    gen = np.random.default_rng(zlib.crc32(f"{rank}.{name}".encode()))
+    values = gen.integers(-4, 5, size=shape)  # small integers: exact in every dtype
+    if dtype == "bfloat16":
+        return values.astype(np.float32).astype(ml_dtypes.bfloat16)
+    return values.astype(dtype)
+
+
+def collectives(rank: int, size: int) -> None:
+    for dtype, tol in DTYPES.items():
+        every = [data(r, "x", (3, 4), dtype).astype(np.float64) for r in range(size)]
+        x = jnp.asarray(data(rank, "x", (3, 4), dtype))
+        ops = {"Sum": (hvd.Sum, np.sum(every, 0)), "Min": (hvd.Min, np.min(every, 0)),
+               "Max": (hvd.Max, np.max(every, 0)), "Product": (hvd.Product, np.prod(every, 0))}
+        if dtype != "int32":
+            ops["Average"] = (hvd.Average, np.mean(every, 0))
+        for label, (op, want) in ops.items():
+            got = hvd.allreduce(x, op=op, name=f"x.{dtype}.{label}")
+            check(got.dtype == x.dtype, f"{dtype} {label}: dtype {got.dtype}")
+            close(np.asarray(got).astype(np.float64), want, f"{dtype} {label}", tol, atol=tol)
+        scaled = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5,
+                               name=f"x.{dtype}.scaled")
+        close(np.asarray(scaled).astype(np.float64), np.sum(every, 0), f"{dtype} scaled", tol,
+              atol=tol)
+    flags = jnp.asarray(np.arange(4) % (rank + 2) == 0)
+    every = [np.arange(4) % (r + 2) == 0 for r in range(size)]
+    close(np.asarray(hvd.allreduce(flags, op=hvd.Max, name="flags.max")), np.any(every, 0),
+          "bool Max")
+    close(np.asarray(hvd.allreduce(flags, op=hvd.Min, name="flags.min")), np.all(every, 0),
+          "bool Min")
+    # allgather: rank r sends r + 1 rows
+    gathered = hvd.allgather(jnp.asarray(data(rank, "g", (rank + 1, 2), "float32")))
+    close(np.asarray(gathered), np.concatenate([data(r, "g", (r + 1, 2), "float32")
+                                                for r in range(size)]), "allgather")
+    root = size - 1
+    close(np.asarray(hvd.broadcast(jnp.asarray(data(rank, "b", (5,), "float32")), root)),
+          data(root, "b", (5,), "float32"), "broadcast from the last rank")
+    splits = [(rank + dest) % 3 for dest in range(size)]
+    sent = jnp.asarray(data(rank, "a", (sum(splits), 2), "float32"))
+    received, counts = hvd.alltoall(sent, splits=splits)
+    want, offsets = [], []
+    for source in range(size):
+        theirs = [(source + dest) % 3 for dest in range(size)]
+        start = sum(theirs[:rank])
+        want.append(data(source, "a", (sum(theirs), 2), "float32")[start:start + theirs[rank]])
+        offsets.append(theirs[rank])
+    close(np.asarray(received), np.concatenate(want), "alltoall with splits")
+    close(np.asarray(counts), np.asarray(offsets, np.int32), "alltoall's received splits")
+    rows = 2 * size + 1
+    summed = np.sum([data(r, "rs", (rows, 2), "float32") for r in range(size)], 0)
+    base, extra = divmod(rows, size)
+    start = rank * base + min(rank, extra)
+    mine = hvd.reducescatter(jnp.asarray(data(rank, "rs", (rows, 2), "float32")), op=hvd.Sum)
+    close(np.asarray(mine), summed[start:start + base + (rank < extra)], "reducescatter")
+    hvd.barrier()
+
+
+def pytrees(rank: int, size: int) -> None:
+    """A nested pytree of three dtypes is one entry per dtype, whatever its leaf count;
+    broadcast_parameters gives every rank the root's tree."""
+    def tree(r: int) -> dict:
+        return {"layers": [{"w": data(r, f"w{i}", (4, 3), "float32"),
+                            "b": data(r, f"b{i}", (3,), "float32")} for i in range(3)],
+                "steps": data(r, "steps", (2,), "int32"),
+                "scale": data(r, "scale", (), "float16")}
+    mine = jax.tree_util.tree_map(jnp.asarray, tree(rank))
+    submitted = []
+    grouped = core.grouped_allreduce_async
+
+    def counting(tensors, *args, **kwargs):
+        submitted.append(len(tensors))
+        return grouped(tensors, *args, **kwargs)
+    core.grouped_allreduce_async = counting
+    try:
+        got = hvd.allreduce(mine, op=hvd.Sum, name="tree")
+    finally:
+        core.grouped_allreduce_async = grouped
+    want = jax.tree_util.tree_map(lambda *xs: np.sum([x.astype(np.float64) for x in xs], 0),
+                                  *[tree(r) for r in range(size)])
+    check(jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(mine),
+          "the reduced tree has the input's structure")
+    for (path, value), expected in zip(jax.tree_util.tree_leaves_with_path(got),
+                                       jax.tree_util.tree_leaves(want)):
+        close(np.asarray(value).astype(np.float64), expected, f"tree leaf {path}", 1e-2)
+    check(submitted == [3], f"tensors submitted for a tree of 3 dtypes: {submitted}")
+    noisy = jax.tree_util.tree_map(lambda x: x + rank, mine)
+    root = jax.tree_util.tree_map(lambda x: x + 0, mine)  # rank 0's values are tree(0)
+    synced = hvd.broadcast_parameters(noisy, root_rank=0)
+    for value, expected in zip(jax.tree_util.tree_leaves(synced),
+                               jax.tree_util.tree_leaves(tree(0))):
+        close(np.asarray(value), expected, "broadcast_parameters")
+    del root
+    check(hvd.broadcast_object({"rank": rank}, root_rank=0) == {"rank": 0}, "broadcast_object")
+    check(hvd.allgather_object(rank) == list(range(size)), "allgather_object")
+
+
+def errors(rank: int, size: int) -> None:
+    expect_error(lambda: jax.jit(lambda x: hvd.allreduce(x))(jnp.ones(2)), ValueError,
+                 "inside a traced function", "Call it outside", what="allreduce inside jit")
+    if size > 1:  # shapes that differ between ranks: every rank fails, naming the tensor
+        expect_error(lambda: hvd.allreduce(jnp.ones(2 + rank), name="uneven"), Exception,
+                     "uneven", what="allreduce of different shapes")
+        close(np.asarray(hvd.allreduce(jnp.ones(2), op=hvd.Sum, name="after")),
+              np.full(2, float(size)), "the runtime works after a mismatch")
+    expect_error(lambda: hvd.DistributedOptimizer(optax.sgd(0.1), op=hvd.Max), ValueError,
+                 "op=Average or Sum", what="DistributedOptimizer(op=Max)")
+
+
+def mlp(key: jax.Array) -> dict:
+    k1, k2 = jax.random.split(key)
+    return {"w1": jax.random.normal(k1, (6, 8)) * 0.3, "b1": jnp.zeros(8),
+            "w2": jax.random.normal(k2, (8, 2)) * 0.3, "b2": jnp.zeros(2)}
+
+
+def loss(params: dict, x: jax.Array, y: jax.Array) -> jax.Array:
+    hidden = jnp.tanh(x @ params["w1"] + params["b1"])
+    return jnp.mean((hidden @ params["w2"] + params["b2"] - y) ** 2)
+
+
+def training_equals_one_process(rank: int, size: int) -> None:
+    """DistributedOptimizer on each rank's shard equals plain optax on the whole batch
+    (SGD with momentum, Adam; with 2 backward passes per step; fp16 compression)."""
+    batch = 6 * size
+    grad = jax.jit(jax.grad(loss))
+    for label, make, passes, compression, tol in (
+            ("SGD momentum", lambda: optax.sgd(0.1, momentum=0.9), 1, hvd.Compression.none,
+             1e-5),
+            ("Adam", lambda: optax.adam(0.01), 1, hvd.Compression.none, 1e-5),
+            ("SGD, 2 passes", lambda: optax.sgd(0.1), 2, hvd.Compression.none, 1e-5),
+            ("Adam, fp16", lambda: optax.adam(0.01), 1, hvd.Compression.fp16, 2e-3)):
+        params = want = mlp(jax.random.PRNGKey(0))
+        if rank != 0:  # different starts, made equal by the broadcast
+            params = jax.tree_util.tree_map(lambda p: p + 1.0, params)
+        params = hvd.broadcast_parameters(params, root_rank=0)
+        optimizer = hvd.DistributedOptimizer(make(), backward_passes_per_step=passes,
+                                             compression=compression)
+        reference = make()
+        state, ref_state = optimizer.init(params), reference.init(want)
+        for step in range(5):
+            gen = np.random.default_rng(100 + step)
+            x = jnp.asarray(gen.normal(size=(batch, 6)), jnp.float32)
+            y = jnp.asarray(gen.normal(size=(batch, 2)), jnp.float32)
+            shard = slice(rank * 6, (rank + 1) * 6)
+            for part in range(passes):  # each pass: half the shard, loss scaled by 1/passes
+                rows = slice(shard.start + part * 6 // passes,
+                             shard.start + (part + 1) * 6 // passes)
+                grads = jax.tree_util.tree_map(lambda g: g / passes,
+                                               grad(params, x[rows], y[rows]))
+                updates, state = optimizer.update(grads, state, params)
+                params = optax.apply_updates(params, updates)
+            ref_updates, ref_state = reference.update(grad(want, x, y), ref_state, want)
+            want = optax.apply_updates(want, ref_updates)
+        for key in want:
+            close(np.asarray(params[key]), np.asarray(want[key]),
+                  f"{label}: {key} against one process on the whole batch", tol, atol=tol)
+
+
+def outside_the_set(rank: int, size: int) -> None:
+    """A rank outside the optimizer's process set keeps its own gradients."""
+    if size < 3:
+        return
+    members = [0, size - 1]
+    pair = hvd.add_process_set(members)
+    optimizer = hvd.DistributedOptimizer(optax.sgd(1.0), process_set=pair)
+    params = {"w": jnp.zeros(2)}
+    state = optimizer.init(params)
+    updates, _ = optimizer.update({"w": jnp.full(2, float(rank))}, state, params)
+    want = -np.mean(members) if rank in members else -float(rank)
+    close(np.asarray(updates["w"]), np.full(2, want), f"rank {rank}'s update, set {members}")
+    hvd.remove_process_set(pair)
+
+
+if __name__ == "__main__":
+    hvd.init(process_sets="dynamic")
+    run_checks([collectives, pytrees, errors, training_equals_one_process, outside_the_set],
+               MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
