@@ -28,7 +28,7 @@ import numpy as np
 from ..common.api import *  # noqa: F401,F403 (init, rank, size, ... as every adapter)
 from ..common.api import __all__ as _core_names
 from ..common.api import collectives as core
-from ..common.api import objects
+from ..common.api.objects import allgather_object, broadcast_object
 from ..common.api.process_sets import ProcessSet, global_process_set
 from ..common.messages import ReduceOp
 from .handles import Handle, host_array
@@ -156,16 +156,6 @@ def broadcast_parameters(params: Any, root_rank: int = 0,
                for i, array in enumerate(arrays)]
     results = Handle(handles, lambda results: results).wait()
     return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(r) for r in results])
-
-
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
-                     process_set: ProcessSet = global_process_set) -> Any:
-    return objects.broadcast_object(obj, root_rank, name, process_set)
-
-
-def allgather_object(obj: Any, name: str | None = None,
-                     process_set: ProcessSet = global_process_set) -> list[Any]:
-    return objects.allgather_object(obj, name, process_set)
 
 
 __all__ = [*_core_names, "Average", "Sum", "Adasum", "Min", "Max", "Product", "Handle",
