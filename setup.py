@@ -33,5 +33,7 @@ setup(
         "dev": ["torch==2.13.0", *TENSORFLOW, *JAX, *MPICH, "pytest>=7", "pytest-timeout",
                 "scikit-learn", "matplotlib"],
     },
-    entry_points={"console_scripts": ["horovodishrun=horovodish.launcher.run:main"]},
+    entry_points={"console_scripts": [
+        "horovodishrun=horovodish.launcher.run:main",
+        "horovodish-slurm-hosts=horovodish.launcher.slurm_discovery:main"]},
 )

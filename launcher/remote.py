@@ -49,13 +49,16 @@ class Remote:
         return options
 
 
-def mpirun_args(remote: Remote, flavour: str, remote_hosts: bool) -> tuple[list[str], dict[str, str]]:
+def mpirun_args(remote: Remote, flavour: str, over_ssh: bool) -> tuple[list[str], dict[str, str]]:
     """(mpirun arguments, variables for mpirun's own environment) for ``remote``.
 
     Hydra: ``-iface IF`` (one interface: its address carries Hydra's control connections
     and names the launching host to the proxies) and ssh options through
     HYDRA_LAUNCHER_EXTRA_ARGS. Open MPI: ``btl_tcp_if_include``/``oob_tcp_if_include``
-    and ``plm_rsh_args``. The ranks' own TCP (libfabric's tcp provider, NCCL) get the
+    and ``plm_rsh_args``. The ssh options go only to a job that reaches remote hosts over
+    ssh (``over_ssh``): under a scheduler Hydra hands HYDRA_LAUNCHER_EXTRA_ARGS to srun,
+    which would read ``-o ConnectTimeout=30`` as a file for the ranks' output (and newer
+    Slurm releases put their own srun options there). The ranks' own TCP (libfabric's tcp provider, NCCL) get the
     interface through FI_TCP_IFACE and NCCL_SOCKET_IFNAME, forwarded by the caller."""
     argv: list[str] = []
     env: dict[str, str] = {}
@@ -64,12 +67,12 @@ def mpirun_args(remote: Remote, flavour: str, remote_hosts: bool) -> tuple[list[
         if remote.interfaces:
             names = ",".join(remote.interfaces)
             argv += ["--mca", "btl_tcp_if_include", names, "--mca", "oob_tcp_if_include", names]
-        if remote_hosts:
+        if over_ssh:
             argv += ["--mca", "plm_rsh_args", ssh]
     else:
         if remote.interfaces:
             argv += ["-iface", remote.interfaces[0]]
-        if remote_hosts:  # (run.py keeps what the caller had set there too)
+        if over_ssh:  # (run.py keeps what the caller had set there too)
             env["HYDRA_LAUNCHER_EXTRA_ARGS"] = ssh
     return argv, env
 
@@ -109,23 +112,33 @@ def uses_ssh(mpi_args: Sequence[str], environ: Mapping[str, str]) -> bool:
     return not any(name in environ for name in _SCHEDULERS)
 
 
+RETRY_INTERVAL = 1.0  # seconds between attempts at a host that could not be reached
+
+
 def check_hosts(hosts: Sequence[str], remote: Remote, ssh: str = "ssh") -> list[str]:
     """Run ``ssh HOST true`` on every host at once; one message per host that failed
     (empty: all answered), each naming the host and saying why, all within
-    remote.start_timeout seconds (plus a second)."""
+    remote.start_timeout seconds (plus a second).
+
+    A host that ssh cannot reach (its exit code 255: a name that does not resolve yet,
+    a refused connection, a key not accepted yet) is tried again every second until the
+    start timeout: the pods of a Kubernetes job come up in any order, and their names
+    and sshd some time after the launcher's."""
     if not hosts:
         return []
     argv = [ssh, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
             *remote.ssh_options()]
     deadline = time.monotonic() + remote.start_timeout
 
-    def probe(host: str) -> str | None:
+    def attempt(host: str) -> tuple[int | None, str]:
+        """(ssh's exit code, its last line of stderr); None: no answer in time; -1: ssh
+        itself cannot run."""
         try:
             proc = subprocess.Popen([*argv, host, "true"], stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                     text=True, errors="replace", start_new_session=True)
         except OSError as exc:
-            return f"{host}: cannot run {ssh}: {exc}"
+            return -1, f"cannot run {ssh}: {exc}"
         try:
             _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()) + 1)
         except subprocess.TimeoutExpired:
@@ -134,13 +147,24 @@ def check_hosts(hosts: Sequence[str], remote: Remote, ssh: str = "ssh") -> list[
             except ProcessLookupError:
                 pass
             proc.communicate()
-            return (f"{host}: no answer over ssh within the start timeout "
-                    f"({remote.start_timeout:g} s; --start-timeout)")
-        if proc.returncode == 0:
-            return None
+            return None, ""
         last = [line for line in err.splitlines() if line.strip()][-1:] or \
             [f"exit code {proc.returncode}"]
-        return f"{host}: ssh failed: {last[0].strip()}"
+        return proc.returncode, last[0].strip()
+
+    def probe(host: str) -> str | None:
+        while True:
+            code, why = attempt(host)
+            if code == 0:
+                return None
+            if code is None:
+                return (f"{host}: no answer over ssh within the start timeout "
+                        f"({remote.start_timeout:g} s; --start-timeout)")
+            if code == -1:
+                return f"{host}: {why}"
+            if code != 255 or time.monotonic() + RETRY_INTERVAL >= deadline:
+                return f"{host}: ssh failed: {why}"
+            time.sleep(RETRY_INTERVAL)
 
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
         return [problem for problem in pool.map(probe, hosts) if problem]

@@ -79,17 +79,18 @@ def main(argv: list[str] | None = None) -> int:
 
     remote = Remote(args.ssh_port, args.ssh_identity_file, args.start_timeout,
                     args.network_interface or ())
+    over_ssh = uses_ssh(args.mpi_args, os.environ)
     if args.elastic:  # hosts may change between starts: the elastic loop checks each
         config = {**rank_defaults(os.environ), **config_env(args), **rank_env(remote)}
-        extra_args, mpirun_env = mpirun_args(remote, runner.flavour, True)
+        extra_args, mpirun_env = mpirun_args(remote, runner.flavour, over_ssh)
         for name, value in mpirun_env.items():
             if os.environ.get(name):
                 mpirun_env[name] = f"{value} {os.environ[name]}"
         return elastic.main(args, runner, remote, config, [*extra_args, *args.mpi_args],
-                            mpirun_env, uses_ssh(args.mpi_args, os.environ))
+                            mpirun_env, over_ssh)
     others = remote_hosts(args.hostfile_hosts if args.hostfile_hosts is not None
                           else args.hosts)
-    if others and uses_ssh(args.mpi_args, os.environ):
+    if others and over_ssh:
         problems = check_hosts(others, remote)
         if problems:
             print("horovodishrun: cannot start the job: "
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         hostfile, temporary = hostfile_for(args.hostfile, args.hostfile_hosts, runner.flavour)
     try:
         config = {**rank_defaults(os.environ), **config_env(args), **rank_env(remote)}
-        extra_args, mpirun_env = mpirun_args(remote, runner.flavour, bool(others))
+        extra_args, mpirun_env = mpirun_args(remote, runner.flavour, bool(others) and over_ssh)
         for name, value in mpirun_env.items():
             if os.environ.get(name):  # the caller's own options after ours
                 mpirun_env[name] = f"{value} {os.environ[name]}"

@@ -10,7 +10,8 @@ plain ``mpirun`` on h1 reaches h2 through an ssh stand-in (bin/ssh) placed first
         result = cluster.run("h1", ["horovodishrun", "-np", "4", "-H", "h1:2,h2:2", ...])
         print(cluster.link_bytes())        # bytes each host sent over its link
 
-Layout of one cluster (prefix ``hvc<pid>``, unique per creating process):
+Layout of one cluster (prefix ``hvc<pid>``, unique per creating process; a process that
+builds a second one at once adds letters: ``hvc<pid>s``):
 
 * namespaces ``hvc<pid>-br`` (bridge ``br0``, port ``pK`` per host) and ``hvc<pid>-hK``
   (``lo`` and ``eth0`` = 10.77.0.K/24, the other end of ``pK``); no interface in the
@@ -47,7 +48,7 @@ from pathlib import Path
 ROOT = Path("/run/horovodish-cluster")
 SUBNET = "10.77.0"
 BIN = Path(__file__).resolve().parent / "bin"
-PREFIX_RE = re.compile(r"^hvc(\d+)$")
+PREFIX_RE = re.compile(r"^hvc(\d+)[a-z]*$")  # hvc<creator pid>, a letter or more for a second one
 # MPICH's default netmod (UCX) moves bytes between namespaces of one kernel through
 # shared memory, past the shaped links; libfabric's TCP provider puts them on the wire.
 MPICH_TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
@@ -232,10 +233,10 @@ class Cluster:
         return [str(self.bin / "on-host"), host, *argv]
 
     def run(self, host: str, argv: list[str], env: dict[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess:
-        """Run argv on host; stdout and stderr merged; a timeout kills everything started
-        on any host and fails with the output so far."""
-        proc = subprocess.Popen(self.on_host(host, argv), env=env or self.env(),
+            timeout: float = 120, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+        """Run argv on host (in directory cwd); stdout and stderr merged; a timeout kills
+        everything started on any host and fails with the output so far."""
+        proc = subprocess.Popen(self.on_host(host, argv), env=env or self.env(), cwd=cwd,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace",
                                 start_new_session=True)

@@ -2,9 +2,11 @@
 on h1, through the one multi-rank helper (tests/multirank.py)."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from multirank import run_ranks
@@ -37,10 +39,15 @@ def run_job(cluster: Cluster, script: str | Path, hosts: str = "h1:2,h2:2",
         assert_nothing_left(cluster)
 
 
-def assert_nothing_left(cluster: Cluster, within: float = 10.0) -> None:
+def assert_nothing_left(cluster: Cluster, within: float = 10.0,
+                        residents: Collection[str] = ()) -> None:
+    """No process on any host within ``within`` seconds but the daemons named in
+    residents (by command name: slurmd, sshd ...); else they are killed and the test
+    fails naming them, with what each waits in."""
     deadline = time.monotonic() + within
     while True:
-        left = {host: cluster.pids(host) for host in cluster.hosts}
+        left = {host: [p for p in cluster.pids(host) if _command(p) not in residents]
+                for host in cluster.hosts}
         left = {host: pids for host, pids in left.items() if pids}
         if not left or time.monotonic() > deadline:
             break
@@ -51,9 +58,20 @@ def assert_nothing_left(cluster: Cluster, within: float = 10.0) -> None:
                                   ",".join(map(str, pids))],
                                  capture_output=True, text=True).stdout
         where = "\n".join(f"{pid}: {_rank_and_threads(pid)}" for pid in pids)
-        cluster.kill_all()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         raise AssertionError(f"processes left behind after the job: {left}\n{listing}"
                              f"\n{where}")
+
+
+def _command(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
 
 
 def _rank_and_threads(pid: int) -> str:

@@ -46,7 +46,7 @@ def test_hostfile(cluster, tmp_path):
 
 def test_unknown_and_unreachable_hosts_are_named(cluster, tmp_path):
     script = _script(tmp_path, HOSTNAME)
-    result = run_job(cluster, script, "h1:1,h7:1")
+    result = run_job(cluster, script, "h1:1,h7:1", launcher_args=["--start-timeout", "2"])
     assert result.returncode == 255, result.stdout
     assert "horovodishrun: cannot start the job: h7: ssh failed: ssh: Could not resolve " \
         "hostname h7" in result.stdout, result.stdout

@@ -68,3 +68,34 @@ def test_a_job_under_hydra_host_file_runs_on_its_slots(tmp_path: Path):
     # What --check-build prints on its "Ranks go to:" line.
     assert allocation.describe(env) == f"the hostfile {hostfile} (1 hosts)"
     assert allocation.describe({}).startswith("this host")
+
+
+def test_slurm_discovery_leaves_out_nodes_slurm_took_away():
+    """horovodish-slurm-hosts: the allocation's nodes with their task counts, less those
+    sinfo shows down, drained or draining, failed, in maintenance or not responding."""
+    from horovodish.launcher import slurm_discovery
+    states = {"n1": "alloc", "n2": "drng", "n3": "mix", "n4": "down*", "n5": "alloc*",
+              "n6": "idle~", "n7": "drain", "n8": "comp"}
+
+    def run(argv, **_):
+        if argv[0] == "scontrol":
+            return subprocess.CompletedProcess(argv, 0, "\n".join(states) + "\n", "")
+        assert argv[:2] == ["sinfo", "-h"] and argv[argv.index("-n") + 1] == ",".join(states)
+        return subprocess.CompletedProcess(
+            argv, 0, "".join(f"{n} {s}\n" for n, s in states.items()), "")
+
+    env = {"SLURM_JOB_NODELIST": "n[1-8]", "SLURM_TASKS_PER_NODE": "2(x7),1"}
+    assert slurm_discovery.usable_hosts(env, run) == [
+        Host("n1", 2, "colon"), Host("n3", 2, "colon"), Host("n6", 2, "colon"),
+        Host("n8", 1, "colon")]
+    with pytest.raises(RuntimeError, match="not inside a Slurm allocation"):
+        slurm_discovery.usable_hosts({}, run)
+
+
+def test_slurm_discovery_script_says_why_it_fails(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "horovodish.launcher.slurm_discovery"],
+                          capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items()
+                               if not k.startswith("SLURM_")})
+    assert done.returncode == 1 and done.stdout == ""
+    assert "horovodish-slurm-hosts: not inside a Slurm allocation" in done.stderr

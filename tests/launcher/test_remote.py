@@ -90,13 +90,57 @@ esac
     assert check_hosts(["good"], Remote(), ssh=ssh) == []
 
 
+def test_a_host_that_comes_up_late_is_tried_again_until_the_start_timeout(tmp_path):
+    """Kubernetes' pods (their names, their sshd) come up in any order: ssh's exit code
+    255 is retried every second; the host that answers in time passes, the one that
+    never does is named with ssh's last word, within the timeout."""
+    up_at = time.time() + 2
+    ssh = _fake_ssh(tmp_path, f'''for last; do :; done
+case "$*" in
+  *" late true") [ "$(date +%s)" -ge {int(up_at) + 1} ] && exit 0
+                 echo "ssh: Could not resolve hostname late: Name or service not known" >&2
+                 exit 255 ;;
+  *" never true") echo "ssh: connect to host never port 22: Connection refused" >&2
+                  exit 255 ;;
+  *" broken true") echo "bash: true: command not found" >&2; exit 127 ;;
+esac
+''')
+    start = time.monotonic()
+    problems = check_hosts(["late", "never", "broken"], Remote(None, None, 6), ssh=ssh)
+    elapsed = time.monotonic() - start
+    assert problems == ["never: ssh failed: ssh: connect to host never port 22: "
+                        "Connection refused",
+                        "broken: ssh failed: bash: true: command not found"]
+    assert 4 <= elapsed < 8, elapsed
+
+
 def test_the_launcher_stops_before_mpirun_when_a_host_fails(tmp_path, monkeypatch, capsys):
     ssh = _fake_ssh(tmp_path, 'echo "ssh: Could not resolve hostname nohost: Name or '
                               'service not known" >&2; exit 255\n')
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     from horovodish.launcher import run as run_mod
-    code = run_mod.main(["-np", "2", "-H", "localhost:1,nohost:1", "python", "-c", "pass"])
+    code = run_mod.main(["-np", "2", "-H", "localhost:1,nohost:1", "--start-timeout", "2",
+                         "python", "-c", "pass"])
     assert code == 255
     err = capsys.readouterr().err
     assert err.strip() == ("horovodishrun: cannot start the job: nohost: ssh failed: ssh: "
                            "Could not resolve hostname nohost: Name or service not known")
+
+
+@pytest.mark.parametrize("caller_args", [None, "--external-launcher"])
+def test_no_ssh_options_reach_a_scheduler_s_launcher(monkeypatch, caller_args):
+    """Inside a Slurm allocation Hydra starts its proxies with srun and hands it
+    HYDRA_LAUNCHER_EXTRA_ARGS: ssh's ``-o ConnectTimeout=30`` there would make srun write
+    the job's output to a file of that name. What the caller (or Slurm) put there stays."""
+    from horovodish.launcher import run as run_mod
+    started: list[dict[str, str]] = []
+    monkeypatch.setattr(run_mod, "run_job", lambda argv, env: started.append(env) or 0)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    if caller_args is None:
+        monkeypatch.delenv("HYDRA_LAUNCHER_EXTRA_ARGS", raising=False)
+    else:
+        monkeypatch.setenv("HYDRA_LAUNCHER_EXTRA_ARGS", caller_args)
+    code = run_mod.main(["-np", "2", "-H", "nodea:1,nodeb:1", "-p", "2222", "python", "-c",
+                         "pass"])
+    assert code == 0 and len(started) == 1
+    assert started[0].get("HYDRA_LAUNCHER_EXTRA_ARGS") == caller_args
