@@ -209,7 +209,8 @@ class ElasticRun:
                 self.view.order = list(dict.fromkeys([*self.view.order,
                                                       *(h.name for h in hosts)]))
                 self.used = list(dict.fromkeys([*self.used, *(h.name for h in hosts)]))
-                self.log(f"generation {generation} on {slots_of(hosts)} ranks "
+                ranks = slots_of(hosts)
+                self.log(f"generation {generation} on {ranks} rank{'s' * (ranks != 1)} "
                          f"({describe(hosts)}): {reason}")
                 env = {**config, launcher_link.ENV_DRIVER: self._address(hosts),
                        launcher_link.ENV_TOKEN: self.driver.token,

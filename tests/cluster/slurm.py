@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -56,8 +57,12 @@ class Slurm:
         self._daemons: list[subprocess.Popen] = []
 
     def env(self, **extra: str) -> dict[str, str]:
-        """Environment for commands on the hosts: the cluster's, plus ``SLURM_CONF``."""
-        return self.cluster.env(SLURM_CONF=str(self.conf), **extra)
+        """Environment for commands on the hosts: the cluster's, plus ``SLURM_CONF``, this
+        Python's bin/ on PATH (as a user who activated the virtualenv has: batch scripts
+        call horovodishrun and horovodish-slurm-hosts by name) and unbuffered output."""
+        env = self.cluster.env(SLURM_CONF=str(self.conf), PYTHONUNBUFFERED="1", **extra)
+        env["PATH"] = f"{env['PATH']}:{Path(sys.executable).parent}"
+        return env
 
     def up(self, timeout: float = 30.0) -> "Slurm":
         """Write the configuration, start the daemons, wait until every node is idle."""
@@ -135,11 +140,31 @@ class Slurm:
                          for p in sorted((self.state / "log").iterdir()))
 
     # -- use ------------------------------------------------------------------------
-    def run(self, argv: list[str], host: str = "h1", timeout: float = 120,
-            **env: str) -> subprocess.CompletedProcess:
+    def run(self, argv: list, host: str = "h1", timeout: float = 120,
+            cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
         """Run argv (srun, salloc, sbatch ...) on host, output merged."""
         return self.cluster.run(host, [str(a) for a in argv], env=self.env(**env),
-                                timeout=timeout)
+                                timeout=timeout, cwd=cwd)
+
+    def batch(self, argv: list, timeout: float = 180, **env: str
+              ) -> tuple[int, str]:
+        """``sbatch --parsable argv``, then wait for the job to end: (its exit code, its
+        state). Polled five times a second: ``sbatch --wait`` polls at up to 10 s and
+        more, which a short job would spend waiting."""
+        done = self.run(["sbatch", "--parsable", *argv], timeout=60, **env)
+        if done.returncode != 0:
+            raise AssertionError(f"sbatch failed: {done.stdout}")
+        job = done.stdout.strip().split(";")[0]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fields = dict(item.split("=", 1) for item in
+                          self.scontrol("show", "job", job, "-o").split() if "=" in item)
+            state = fields.get("JobState", "UNKNOWN")
+            if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"):
+                return int(fields.get("ExitCode", "255:0").split(":")[0]), state
+            time.sleep(0.2)
+        self.run(["scancel", job], timeout=30)
+        raise AssertionError(f"batch job {job} still running after {timeout} s")
 
     def scontrol(self, *args: str) -> str:
         done = self.run(["scontrol", *args], timeout=30)

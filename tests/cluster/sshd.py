@@ -15,7 +15,6 @@ stand-in on PATH.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
