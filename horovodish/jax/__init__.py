@@ -12,7 +12,7 @@ as torch and TensorFlow.
     params = optax.apply_updates(params, updates)
 
 Host arrays reach the core as numpy views without a copy (``np.asarray`` of a CPU
-array); results come back as new arrays. A pytree travels as one flat buffer per dtype:
+array); results are written to fresh aligned host memory that JAX adopts without a copy. A pytree travels as one flat buffer per dtype:
 one negotiated entry per dtype, whatever the leaf count. Collectives run outside
 ``jax.jit``: inside a traced function they raise ``ValueError`` (a collective there
 would run once at trace time, or block XLA's executor; see docs/jax.md).
@@ -31,9 +31,9 @@ from ..common.api import collectives as core
 from ..common.api.objects import allgather_object, broadcast_object
 from ..common.api.process_sets import ProcessSet, global_process_set
 from ..common.messages import ReduceOp
-from .handles import Handle, host_array
+from .handles import Handle, host_array, host_empty, jax_array
 from .optimizer import Compression, DistributedOptimizer
-from .trees import allreduce_tree
+from .trees import allreduce_tree, broadcast_parameters
 
 Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM
 Min, Max, Product = ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT
@@ -51,11 +51,11 @@ def allreduce_async(tensor: Any, op: ReduceOp = Average, name: str | None = None
         return allreduce_tree(tensor, ReduceOp(op), name, prescale_factor, postscale_factor,
                               process_set, host_array, Handle)
     array = host_array(tensor, "allreduce")
-    handle = core.allreduce_async(array, np.empty_like(array),
+    handle = core.allreduce_async(array, host_empty(array.shape, array.dtype),
                                   _name(name, "allreduce", process_set), ReduceOp(op),
                                   float(prescale_factor), float(postscale_factor), "cpu",
                                   process_set)
-    return Handle([handle], lambda results: jnp.asarray(results[0]))
+    return Handle([handle], lambda results: jax_array(results[0]))
 
 
 def allreduce(tensor: Any, op: ReduceOp = Average, name: str | None = None,
@@ -78,9 +78,9 @@ def allgather_async(tensor: Any, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Concatenate every rank's array along the first dimension (which may differ)."""
     array = host_array(tensor, "allgather")
-    handle = core.allgather_async(array, lambda shape: np.empty(shape, array.dtype),
+    handle = core.allgather_async(array, lambda shape: host_empty(shape, array.dtype),
                                   _name(name, "allgather", process_set), "cpu", process_set)
-    return Handle([handle], lambda results: jnp.asarray(results[0]))
+    return Handle([handle], lambda results: jax_array(results[0]))
 
 
 def allgather(tensor: Any, name: str | None = None,
@@ -91,9 +91,9 @@ def allgather(tensor: Any, name: str | None = None,
 def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     array = host_array(tensor, "broadcast")
-    handle = core.broadcast_async(array, np.empty_like(array), root_rank,
+    handle = core.broadcast_async(array, host_empty(array.shape, array.dtype), root_rank,
                                   _name(name, "broadcast", process_set), "cpu", process_set)
-    return Handle([handle], lambda results: jnp.asarray(results[0]))
+    return Handle([handle], lambda results: jax_array(results[0]))
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None,
@@ -107,12 +107,12 @@ def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None 
     (output, received splits), as Horovod does."""
     array = host_array(tensor, "alltoall")
     handle = core.alltoall_async(array, None if splits is None else [int(s) for s in splits],
-                                 lambda shape: np.empty(shape, array.dtype),
+                                 lambda shape: host_empty(shape, array.dtype),
                                  _name(name, "alltoall", process_set), "cpu", process_set)
     output, received = Handle([handle], lambda results: results[0]).wait()
     if splits is None:
-        return jnp.asarray(output)
-    return jnp.asarray(output), jnp.asarray(np.asarray(received, np.int32))
+        return jax_array(output)
+    return jax_array(output), jnp.asarray(np.asarray(received, np.int32))
 
 
 def reducescatter(tensor: Any, op: ReduceOp = Average, name: str | None = None,
@@ -123,9 +123,9 @@ def reducescatter(tensor: Any, op: ReduceOp = Average, name: str | None = None,
     array = host_array(tensor, "reducescatter")
     shape = core.reducescatter_shape(array.shape, process_set.rank(), process_set.size())
     handle = core.grouped_reducescatter_async(
-        [array], [np.empty(shape, array.dtype)], [_name(name, "reducescatter", process_set)],
+        [array], [host_empty(shape, array.dtype)], [_name(name, "reducescatter", process_set)],
         ReduceOp(op), float(prescale_factor), float(postscale_factor), "cpu", process_set)[0]
-    return Handle([handle], lambda results: jnp.asarray(results[0])).wait()
+    return Handle([handle], lambda results: jax_array(results[0])).wait()
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
@@ -144,18 +144,6 @@ def synchronize(handle: Handle) -> Any:
 
 def poll(handle: Handle) -> bool:
     return handle.done()
-
-
-def broadcast_parameters(params: Any, root_rank: int = 0,
-                         process_set: ProcessSet = global_process_set) -> Any:
-    """The root's pytree on every rank (one broadcast per leaf, in one submission)."""
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    arrays = [host_array(leaf, "broadcast_parameters") for leaf in leaves]
-    handles = [core.broadcast_async(array, np.empty_like(array), root_rank,
-                                    f"broadcast_parameters.{i}", "cpu", process_set)
-               for i, array in enumerate(arrays)]
-    results = Handle(handles, lambda results: results).wait()
-    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(r) for r in results])
 
 
 __all__ = [*_core_names, "Average", "Sum", "Adasum", "Min", "Max", "Product", "Handle",
