@@ -12,7 +12,9 @@ as torch and TensorFlow.
     params = optax.apply_updates(params, updates)
 
 Host arrays reach the core as numpy views without a copy (``np.asarray`` of a CPU
-array); results are written to fresh aligned host memory that JAX adopts without a copy. A pytree travels as one flat buffer per dtype:
+array); results are written to fresh aligned host memory that JAX adopts without a copy.
+Arrays on a CUDA device take the NCCL path as views of their device memory, and their
+results come back on that device through DLPack (views.py). A pytree travels as one flat buffer per dtype:
 one negotiated entry per dtype, whatever the leaf count. Collectives run outside
 ``jax.jit``: inside a traced function they raise ``ValueError`` (a collective there
 would run once at trace time, or block XLA's executor; see docs/jax.md).
@@ -30,10 +32,11 @@ from ..common.api import __all__ as _core_names
 from ..common.api import collectives as core
 from ..common.api.objects import allgather_object, broadcast_object
 from ..common.api.process_sets import ProcessSet, global_process_set
-from ..common.messages import ReduceOp
-from .handles import Handle, host_array, host_empty, jax_array
+from ..common.messages import ReduceOp, RequestType
+from .handles import Handle
 from .optimizer import Compression, DistributedOptimizer
 from .trees import allreduce_tree, broadcast_parameters
+from .views import view
 
 Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM
 Min, Max, Product = ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT
@@ -49,13 +52,13 @@ def allreduce_async(tensor: Any, op: ReduceOp = Average, name: str | None = None
     """A pytree of arrays is reduced as one operation per dtype (see trees.py)."""
     if not isinstance(tensor, (jax.Array, np.ndarray, np.generic)):
         return allreduce_tree(tensor, ReduceOp(op), name, prescale_factor, postscale_factor,
-                              process_set, host_array, Handle)
-    array = host_array(tensor, "allreduce")
-    handle = core.allreduce_async(array, host_empty(array.shape, array.dtype),
+                              process_set)
+    v = view(tensor, "allreduce", RequestType.ALLREDUCE, ReduceOp(op))
+    handle = core.allreduce_async(v.array, v.empty(v.array.shape),
                                   _name(name, "allreduce", process_set), ReduceOp(op),
-                                  float(prescale_factor), float(postscale_factor), "cpu",
+                                  float(prescale_factor), float(postscale_factor), v.device,
                                   process_set)
-    return Handle([handle], lambda results: jax_array(results[0]))
+    return Handle([handle], lambda results: v.result(results[0]))
 
 
 def allreduce(tensor: Any, op: ReduceOp = Average, name: str | None = None,
@@ -77,10 +80,10 @@ def grouped_allreduce(tensors: Sequence[Any], op: ReduceOp = Average,
 def allgather_async(tensor: Any, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Concatenate every rank's array along the first dimension (which may differ)."""
-    array = host_array(tensor, "allgather")
-    handle = core.allgather_async(array, lambda shape: host_empty(shape, array.dtype),
-                                  _name(name, "allgather", process_set), "cpu", process_set)
-    return Handle([handle], lambda results: jax_array(results[0]))
+    v = view(tensor, "allgather", RequestType.ALLGATHER)
+    handle = core.allgather_async(v.array, v.empty, _name(name, "allgather", process_set),
+                                  v.device, process_set)
+    return Handle([handle], lambda results: v.result(results[0]))
 
 
 def allgather(tensor: Any, name: str | None = None,
@@ -90,10 +93,10 @@ def allgather(tensor: Any, name: str | None = None,
 
 def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
-    array = host_array(tensor, "broadcast")
-    handle = core.broadcast_async(array, host_empty(array.shape, array.dtype), root_rank,
-                                  _name(name, "broadcast", process_set), "cpu", process_set)
-    return Handle([handle], lambda results: jax_array(results[0]))
+    v = view(tensor, "broadcast", RequestType.BROADCAST)
+    handle = core.broadcast_async(v.array, v.empty(v.array.shape), root_rank,
+                                  _name(name, "broadcast", process_set), v.device, process_set)
+    return Handle([handle], lambda results: v.result(results[0]))
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None,
@@ -105,14 +108,14 @@ def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None 
              process_set: ProcessSet = global_process_set) -> Any:
     """Send the i-th part of the first dimension to rank i; with ``splits``, returns
     (output, received splits), as Horovod does."""
-    array = host_array(tensor, "alltoall")
-    handle = core.alltoall_async(array, None if splits is None else [int(s) for s in splits],
-                                 lambda shape: host_empty(shape, array.dtype),
-                                 _name(name, "alltoall", process_set), "cpu", process_set)
+    v = view(tensor, "alltoall", RequestType.ALLTOALL)
+    handle = core.alltoall_async(v.array, None if splits is None else [int(s) for s in splits],
+                                 v.empty, _name(name, "alltoall", process_set), v.device,
+                                 process_set)
     output, received = Handle([handle], lambda results: results[0]).wait()
     if splits is None:
-        return jax_array(output)
-    return jax_array(output), jnp.asarray(np.asarray(received, np.int32))
+        return v.result(output)
+    return v.result(output), jnp.asarray(np.asarray(received, np.int32))
 
 
 def reducescatter(tensor: Any, op: ReduceOp = Average, name: str | None = None,
@@ -120,12 +123,13 @@ def reducescatter(tensor: Any, op: ReduceOp = Average, name: str | None = None,
                   process_set: ProcessSet = global_process_set) -> Any:
     """Reduce across ranks and keep this rank's part of the first dimension (low ranks
     get the extra rows)."""
-    array = host_array(tensor, "reducescatter")
-    shape = core.reducescatter_shape(array.shape, process_set.rank(), process_set.size())
+    v = view(tensor, "reducescatter", RequestType.REDUCESCATTER, ReduceOp(op))
+    shape = core.reducescatter_shape(v.array.shape, process_set.rank(), process_set.size())
     handle = core.grouped_reducescatter_async(
-        [array], [host_empty(shape, array.dtype)], [_name(name, "reducescatter", process_set)],
-        ReduceOp(op), float(prescale_factor), float(postscale_factor), "cpu", process_set)[0]
-    return Handle([handle], lambda results: jax_array(results[0])).wait()
+        [v.array], [v.empty(shape)], [_name(name, "reducescatter", process_set)],
+        ReduceOp(op), float(prescale_factor), float(postscale_factor), v.device,
+        process_set)[0]
+    return Handle([handle], lambda results: v.result(results[0])).wait()
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:

@@ -192,7 +192,112 @@ def outside_the_set(rank: int, size: int) -> None:
     hvd.remove_process_set(pair)
 
 
+def x64_and_every_dtype(rank: int, size: int) -> None:
+    """With x64 on: float64 and int64 through every collective, and int8, uint8, int16,
+    uint16 reduced, against numpy; uint32, uint64 and PRNG key arrays moved by broadcast,
+    allgather and alltoall, their reductions refused saying what moves them; a pytree
+    with several dtypes; a dtype that differs between ranks fails on every rank naming
+    the tensor; DistributedOptimizer in float64 equal to optax on the whole batch."""
+    jax.config.update("jax_enable_x64", True)
+    try:
+        _x64_checks(rank, size)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def _values(rank: int, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Small integers (non-negative for unsigned types): exact in every dtype, and no
+    sum or product of them overflows."""
+    gen = np.random.default_rng(zlib.crc32(f"{rank}.{name}".encode()))
+    low = 0 if np.dtype(dtype).kind == "u" else -4
+    return gen.integers(low, 5, size=shape).astype(dtype)
+
+
+def _x64_checks(rank: int, size: int) -> None:
+    root = size - 1
+    for dtype in ("float64", "int64", "int8", "uint8", "int16", "uint16"):
+        every = [_values(r, dtype, (3, 4), dtype) for r in range(size)]
+        x = jnp.asarray(every[rank])
+        check(x.dtype == np.dtype(dtype), f"jnp keeps {dtype} with x64 on: {x.dtype}")
+        ops = {"Sum": (hvd.Sum, np.sum), "Min": (hvd.Min, np.min), "Max": (hvd.Max, np.max),
+               "Product": (hvd.Product, np.prod)}
+        if dtype == "float64":
+            ops["Average"] = (hvd.Average, np.mean)
+        for label, (op, reference) in ops.items():
+            got = hvd.allreduce(x, op=op, name=f"x64.{dtype}.{label}")
+            check(got.dtype == x.dtype, f"{dtype} {label}: dtype {got.dtype}")
+            close(np.asarray(got), reference(np.stack(every), axis=0).astype(dtype),
+                  f"{dtype} {label}", 1e-15 if dtype == "float64" else 0.0)
+        rows = [_values(r, f"g.{dtype}", (r + 1, 2), dtype) for r in range(size)]
+        got = hvd.allgather(jnp.asarray(rows[rank]), name=f"x64.{dtype}.allgather")
+        check(got.dtype == x.dtype, f"{dtype} allgather: dtype {got.dtype}")
+        close(np.asarray(got), np.concatenate(rows), f"{dtype} allgather")
+        got = hvd.broadcast(x, root, name=f"x64.{dtype}.broadcast")
+        close(np.asarray(got), every[root], f"{dtype} broadcast from rank {root}")
+    for dtype in ("uint32", "uint64"):  # moved bit for bit, never reduced
+        every = [np.arange(4, dtype=dtype) + np.iinfo(dtype).max - 10 * r for r in range(size)]
+        x = jnp.asarray(every[rank])
+        check(x.dtype == np.dtype(dtype), f"jnp keeps {dtype}: {x.dtype}")
+        close(np.asarray(hvd.broadcast(x, root, name=f"x64.{dtype}.broadcast")), every[root],
+              f"{dtype} broadcast")
+        got = hvd.allgather(x, name=f"x64.{dtype}.allgather")
+        check(got.dtype == x.dtype, f"{dtype} allgather: dtype {got.dtype}")
+        close(np.asarray(got), np.concatenate(every), f"{dtype} allgather")
+        got = hvd.alltoall(jnp.asarray(np.repeat(every[rank], size)), name=f"x64.{dtype}.a2a")
+        close(np.asarray(got), np.concatenate([np.repeat(e, size)[4 * rank:4 * rank + 4]
+                                               for e in every]), f"{dtype} alltoall")
+        expect_error(lambda: hvd.allreduce(x, op=hvd.Sum), TypeError, dtype,
+                     "broadcast, allgather and alltoall move it", what=f"allreduce of {dtype}")
+    keys = jax.random.split(jax.random.key(rank), 2)
+    every = [np.asarray(jax.random.key_data(jax.random.split(jax.random.key(r), 2)))
+             for r in range(size)]
+    got = hvd.broadcast(keys, root, name="x64.keys.broadcast")
+    check(got.dtype == keys.dtype, f"a key array's dtype after broadcast: {got.dtype}")
+    close(np.asarray(jax.random.key_data(got)), every[root], "PRNG keys broadcast")
+    close(np.asarray(jax.random.key_data(hvd.allgather(keys, name="x64.keys.allgather"))),
+          np.concatenate(every), "PRNG keys allgather")
+    expect_error(lambda: hvd.allreduce(keys), TypeError, "PRNG keys cannot be reduced",
+                 what="allreduce of PRNG keys")
+    tree = {"a": _values(rank, "ta", (3,), "float64"), "b": _values(rank, "tb", (2, 2), "int64"),
+            "c": _values(rank, "tc", (5,), "float32")}
+    got = hvd.allreduce(jax.tree_util.tree_map(jnp.asarray, tree), op=hvd.Sum, name="x64.tree")
+    for key in tree:
+        want = np.sum([_values(r, f"t{key}", tree[key].shape, tree[key].dtype.name)
+                       for r in range(size)], axis=0)
+        check(got[key].dtype == tree[key].dtype, f"tree leaf {key}: dtype {got[key].dtype}")
+        close(np.asarray(got[key]), want, f"tree leaf {key}")
+    if size > 1:  # rank 0 float32, the others float64, under one name
+        mixed = jnp.ones(3, jnp.float32 if rank == 0 else jnp.float64)
+        expect_error(lambda: hvd.allreduce({"w": mixed}, name="mixed"), Exception, "mixed.0",
+                     "dtype", what="a pytree whose dtype differs between ranks")
+        expect_error(lambda: hvd.allreduce(mixed, name="mixed.array"), Exception,
+                     "mixed.array", "dtype", what="an array whose dtype differs between ranks")
+        close(np.asarray(hvd.allreduce(jnp.ones(2), op=hvd.Sum, name="x64.after")),
+              np.full(2, float(size)), "the runtime works after a mismatch")
+    batch = 6 * size
+    grad = jax.jit(jax.grad(loss))
+    for label, make in (("SGD momentum", lambda: optax.sgd(0.1, momentum=0.9)),
+                        ("Adam", lambda: optax.adam(0.01))):
+        params = want = mlp(jax.random.PRNGKey(0))
+        check(params["w1"].dtype == jnp.float64, f"float64 parameters: {params['w1'].dtype}")
+        optimizer, reference = hvd.DistributedOptimizer(make()), make()
+        state, ref_state = optimizer.init(params), reference.init(want)
+        for step in range(5):
+            gen = np.random.default_rng(100 + step)
+            x, y = gen.normal(size=(batch, 6)), gen.normal(size=(batch, 2))
+            shard = slice(rank * 6, (rank + 1) * 6)
+            updates, state = optimizer.update(grad(params, x[shard], y[shard]), state, params)
+            params = optax.apply_updates(params, updates)
+            ref_updates, ref_state = reference.update(grad(want, x, y), ref_state, want)
+            want = optax.apply_updates(want, ref_updates)
+        for key in want:
+            check(params[key].dtype == jnp.float64, f"{label}: {key} is {params[key].dtype}")
+            close(np.asarray(params[key]), np.asarray(want[key]),
+                  f"{label} in float64: {key} against one process on the whole batch", 1e-12)
+
+
 if __name__ == "__main__":
     hvd.init(process_sets="dynamic")
-    run_checks([collectives, pytrees, errors, training_equals_one_process, outside_the_set],
+    run_checks([collectives, pytrees, errors, training_equals_one_process, outside_the_set,
+                x64_and_every_dtype],
                MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
