@@ -34,6 +34,7 @@ from ..common.api.objects import allgather_object, broadcast_object
 from ..common.api.process_sets import ProcessSet, global_process_set
 from ..common.messages import ReduceOp, RequestType
 from .handles import Handle
+from . import elastic
 from .optimizer import Compression, DistributedOptimizer
 from .trees import allreduce_tree, broadcast_parameters
 from .views import view
@@ -154,4 +155,5 @@ __all__ = [*_core_names, "Average", "Sum", "Adasum", "Min", "Max", "Product", "H
            "allreduce", "allreduce_async", "grouped_allreduce", "allgather",
            "allgather_async", "broadcast", "broadcast_async", "alltoall", "reducescatter",
            "barrier", "join", "synchronize", "poll", "broadcast_parameters",
-           "broadcast_object", "allgather_object", "DistributedOptimizer", "Compression"]
+           "broadcast_object", "allgather_object", "DistributedOptimizer", "Compression",
+           "elastic"]

@@ -3,7 +3,9 @@ batch. Each rank's input is a pure function of (rank, name), so every rank compu
 exact reference. Named checks (tests/worker_support.py)."""
 from __future__ import annotations
 
+import copy
 import zlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -296,8 +298,87 @@ def _x64_checks(rank: int, size: int) -> None:
                   f"{label} in float64: {key} against one process on the whole batch", 1e-12)
 
 
+def elastic_state(rank: int, size: int) -> None:
+    """JaxState: sync gives every rank rank 0's pytrees (parameters, an optimizer state
+    with a Python int among its leaves, a PRNG key) and attributes; restore brings back
+    the last commit even after the live arrays were deleted (as a jit that donates them
+    deletes them); pytrees that differ between ranks fail sync on every rank, naming
+    them; run() retries a failed collective from the last commit. Runs last: the retry
+    re-initializes horovodish."""
+    optimizer = hvd.DistributedOptimizer(optax.adam(0.01))
+
+    def leaves(tree: Any) -> list[np.ndarray]:
+        return [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
+
+    def same(got: Any, want: Any, what: str) -> None:
+        check(jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want),
+              f"{what}: structure")
+        for i, (g, w) in enumerate(zip(leaves(got), leaves(want))):
+            check(g.dtype == w.dtype, f"{what} leaf {i}: dtype {g.dtype}, want {w.dtype}")
+            close(g, w, f"{what} leaf {i}")
+
+    params0 = mlp(jax.random.PRNGKey(0))
+    opt0 = optimizer.init(params0)
+    mine = mlp(jax.random.PRNGKey(rank))
+    state = hvd.elastic.JaxState(params=mine,
+                                 opt_state=optimizer.init(mine)._replace(passes=rank),
+                                 keys=(jax.random.PRNGKey(rank), jax.random.key(rank)),
+                                 epoch=rank, batch=10 * rank)
+    state.sync()
+    same(state.params, params0, "params after sync")
+    same(state.opt_state, opt0, "opt_state after sync")
+    check(state.opt_state.passes == 0, f"the int leaf after sync: {state.opt_state.passes}")
+    legacy, typed = state.keys
+    close(np.asarray(legacy), np.asarray(jax.random.PRNGKey(0)), "a uint32 PRNG key after sync")
+    check(typed.dtype == jax.random.key(0).dtype, f"a typed key's dtype after sync: {typed.dtype}")
+    close(np.asarray(jax.random.key_data(typed)), np.asarray(jax.random.key_data(jax.random.key(0))),
+          "a typed PRNG key after sync")
+    check((state.epoch, state.batch) == (0, 0), f"attributes after sync: {state.epoch}")
+    state.commit()
+    grads = jax.tree_util.tree_map(jnp.ones_like, state.params)
+    updates, state.opt_state = optimizer.update(grads, state.opt_state, state.params)
+    state.params = optax.apply_updates(state.params, updates)
+    state.epoch = 5
+    on_disk = copy.deepcopy(state._payload())  # what a commit writes, read back
+    for _ in range(2):  # the commit outlives a restore whose arrays are deleted too
+        for leaf in jax.tree_util.tree_leaves((state.params, state.opt_state)):
+            if isinstance(leaf, jax.Array):
+                leaf.delete()
+        state.restore()
+        same(state.params, params0, "params after restore")
+        same(state.opt_state, opt0, "opt_state after restore")
+        check(state.epoch == 0, f"epoch after restore: {state.epoch}")
+    state.params = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+    state.keys = (jax.random.PRNGKey(9), jax.random.key(9))
+    state._load_payload(on_disk)
+    state.restore()
+    same(state.params, params0, "params from the commit's payload")
+    same(state.opt_state, opt0, "opt_state from the commit's payload")
+    close(np.asarray(jax.random.key_data(state.keys[1])),
+          np.asarray(jax.random.key_data(jax.random.key(0))), "a typed key from the payload")
+    if size == 1:
+        return
+    uneven = hvd.elastic.JaxState(params={"w": jnp.zeros(2 + rank)})
+    expect_error(uneven.sync, ValueError, "sync of JaxState.params", "first difference at leaf 0",
+                 what="sync of pytrees that differ between ranks")
+    attempts = []
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.JaxState) -> int:
+        attempts.append(state.batch)
+        state.params = jax.tree_util.tree_map(lambda p: p + 1.0, state.params)
+        state.batch += 1
+        if len(attempts) == 1:  # fails on every rank: a mismatch across ranks
+            hvd.allreduce(jnp.ones(2 + rank), name="elastic.uneven")
+        return state.batch
+
+    check(train(state) == 1 and attempts == [0, 0], f"run: attempts {attempts}")
+    same(state.params, jax.tree_util.tree_map(lambda p: p + 1.0, params0),
+         "params after the retry")
+
+
 if __name__ == "__main__":
     hvd.init(process_sets="dynamic")
     run_checks([collectives, pytrees, errors, training_equals_one_process, outside_the_set,
-                x64_and_every_dtype],
+                x64_and_every_dtype, elastic_state],
                MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
