@@ -73,12 +73,12 @@ class View:
     """One array as the core sees it (``array``, ``device``), memory for its result
     (``empty``), and the way back to a JAX array (``result``)."""
 
-    __slots__ = ("array", "device", "_jax_device", "_key_impl", "_dtype")
+    __slots__ = ("array", "device", "_home", "_key_impl", "_dtype")
 
-    def __init__(self, array: Any, device: str, jax_device: Any, key_impl: Any,
+    def __init__(self, array: Any, device: str, home: Any, key_impl: Any,
                  dtype: np.dtype) -> None:
         self.array, self.device = array, device
-        self._jax_device, self._key_impl, self._dtype = jax_device, key_impl, dtype
+        self._home, self._key_impl, self._dtype = home, key_impl, dtype
 
     @property
     def on_device(self) -> bool:
@@ -97,7 +97,7 @@ class View:
                 array = jax.lax.bitcast_convert_type(array, self._dtype)
         else:
             array = jax_array(out.view(self._dtype) if out.dtype != self._dtype else out,
-                              self._jax_device)
+                              self._home)
         if self._key_impl is not None:
             array = jax.random.wrap_key_data(array, impl=self._key_impl)
         return array
@@ -122,21 +122,21 @@ def view(tensor: Any, opname: str, kind: RequestType, op: ReduceOp | None = None
                             "broadcast, allgather and alltoall move it")
         wire = _SAME_WIDTH[dtype]
     accelerator = _accelerator(tensor)
+    # An input committed to a device gets its result there; an uncommitted one lives on
+    # the default device, where an uncommitted result goes too.
+    home = next(iter(tensor.devices())) if isinstance(tensor, jax.Array) and \
+        tensor.committed and len(tensor.devices()) == 1 else None
     if accelerator is not None and tensor.__dlpack_device__()[0] == _CUDA and \
-            core.cuda_device(kind, _dtype_name(wire), op) == DEVICE_CUDA:
+            core.cuda_device(kind, wire.name, op) == DEVICE_CUDA:
         tensor.block_until_ready()  # JAX exposes no stream to order the collective on
         ptr = tensor.unsafe_buffer_pointer() if tensor.size else 0
         return View(DeviceArray(ptr, tensor.__dlpack_device__()[1], tuple(tensor.shape),
-                                wire, tensor), DEVICE_CUDA, accelerator, key_impl, dtype)
+                                wire, tensor), DEVICE_CUDA, home, key_impl, dtype)
     array = np.asarray(tensor)
     if wire != dtype:
         array = array.view(wire)
-    return View(array, "cpu" if accelerator is None else DEVICE_CUDA_STAGED, accelerator,
-                key_impl, dtype)
-
-
-def _dtype_name(dtype: np.dtype) -> str:
-    return "bfloat16" if dtype.name == "bfloat16" else dtype.name
+    return View(array, "cpu" if accelerator is None else DEVICE_CUDA_STAGED, home, key_impl,
+                dtype)
 
 
 # -- CUDA memory -------------------------------------------------------------------------
