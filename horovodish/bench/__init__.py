@@ -16,6 +16,9 @@ Every figure is a ratio against a baseline timed in the same job, in alternating
 - a training step (an MLP, ``DistributedOptimizer``) against torch DDP on gloo and
   against the same step with no communication at all (the bound), with where the step's
   time goes;
+- the same MLP in JAX: ``horovodish.jax.DistributedOptimizer`` over optax against JAX's
+  own multi-process collectives (``jax.distributed`` with gloo, a ``pmean`` of the
+  gradients inside one jitted ``shard_map`` step), and the bound;
 - the idle cost: how much a compute-bound loop slows while the runtime is idle.
 
 docs/tuning.md explains each figure and records the latest run.

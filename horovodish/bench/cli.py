@@ -52,11 +52,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="rounds of the idle-cost measurement (default 16)")
     parser.add_argument("--max-bytes", type=int, default=SIZES[-1],
                         help="largest allreduce in the sweep (default 64 MiB)")
-    parser.add_argument("--frameworks", default="torch,tensorflow",
-                        help="comma-separated frameworks whose paths to time, if installed "
-                             "(default torch,tensorflow; empty: the core API only)")
+    parser.add_argument("--frameworks", default="torch,tensorflow,jax",
+                        help="comma-separated frameworks whose paths and training steps to "
+                             "time, if installed (default torch,tensorflow,jax; empty: the "
+                             "core API only)")
     parser.add_argument("--no-training", action="store_true",
-                        help="skip the training steps against torch DDP")
+                        help="skip the training steps (against torch DDP and JAX's own "
+                             "collectives)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternating rounds per measurement (bursts and the training "
                              "step take two more)")
@@ -81,6 +83,11 @@ def main(argv: list[str] | None = None) -> None:
         from .training import many_tensor_step, training_step
         figures["training"] = training_step(comm, rounds=args.rounds + 2)
         figures["many_tensors"] = many_tensor_step(comm, rounds=args.rounds + 2)
+    if not args.no_training and "jax" in frameworks:
+        from . import jax_training
+        if comm.allreduce(jax_training.available(), op=MPI.LAND):
+            figures["jax_training"] = jax_training.jax_training_step(comm,
+                                                                     rounds=args.rounds + 2)
     mode_after = sharing_cost(comm)
     if mode_before is not None and mode_after is not None:
         figures["sharing"] = {"before": mode_before, "after": mode_after}

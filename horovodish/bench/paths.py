@@ -80,6 +80,8 @@ def available(frameworks: list[str]) -> dict[str, Path]:
     paths: dict[str, Path] = {"core in place": (_core_call, _core_burst)}
     loaders = {"torch": _torch_paths, "tensorflow": _tensorflow_paths}
     for framework in frameworks:
+        if framework not in loaders:  # no allreduce path of its own to time (jax)
+            continue
         try:
             paths.update(loaders[framework]())
         except ImportError:

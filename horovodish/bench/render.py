@@ -7,7 +7,8 @@ A doc marks where a kind's table goes::
     <!-- /records:bench -->
 
 and this program rewrites what lies between the markers from the newest record of that
-kind in the records folder (records.py). ``--check`` changes nothing and exits 1 if a
+kind in the records folder (records.py). A block may show part of another kind's record
+(``bench-jax``: the JAX step of the newest bench record; ``SOURCES``). ``--check`` changes nothing and exits 1 if a
 doc is not what its records give (CI runs it, so the docs cannot drift from them).
 
     python -m horovodish.bench.render [--records docs/records] [--docs docs] [--check]
@@ -72,6 +73,8 @@ def _bench(record: dict[str, Any]) -> str:
                    f"(horovodish / DDP: {step['over_ddp']:.2f}×):\n\n")
         out.append(_table(["contender", "steps/s"], [
             [k, f"{v:.1f}"] for k, v in step["steps_per_s"].items()]))
+    if f.get("jax_training"):
+        out.append("\n" + _jax_step(f["jax_training"]))
     many = f.get("many_tensors")
     if many:
         out.append(f"\nMany-tensor step ({many['parameter_tensors']} parameter tensors, batch "
@@ -95,6 +98,23 @@ def _bench(record: dict[str, Any]) -> str:
                    f"compute-bound loop beside it {idle['slowdown_percent']:.2f}% slower "
                    f"(noise floor {idle['noise_floor_percent']:.2f}%).\n")
     return "".join(out)
+
+
+def _jax_step(step: dict[str, Any]) -> str:
+    widths = "-".join(map(str, step["widths"]))
+    low, high = step["over_jax_range"]
+    return (f"JAX training step, MLP {widths}, batch {step['batch_per_rank']} per rank "
+            f"(horovodish / jax.distributed: {step['over_jax']:.2f}×, rounds {low:.2f}× to "
+            f"{high:.2f}×):\n\n" + _table(["contender", "steps/s"], [
+                [k, f"{v:.1f}"] for k, v in step["steps_per_s"].items()]))
+
+
+def _bench_jax(record: dict[str, Any]) -> str:
+    """The JAX step of a bench record, for docs/jax.md."""
+    step = record["figures"].get("jax_training")
+    if not step:
+        return _source(record) + "\n(this record has no JAX training step)\n"
+    return _source(record) + f"\n{record['figures']['ranks']} ranks. " + _jax_step(step)
 
 
 def _horovod_suites(record: dict[str, Any]) -> str:
@@ -156,7 +176,9 @@ def _gpu_history(folder: Path) -> str:
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "bench": _bench, "horovod-suites": _horovod_suites, "gpu": _gpu}
+    "bench": _bench, "horovod-suites": _horovod_suites, "gpu": _gpu, "bench-jax": _bench_jax}
+# Blocks that show part of another kind's record: block name -> record kind.
+SOURCES = {"bench-jax": "bench"}
 
 
 def render_text(text: str, folder: Path) -> str:
@@ -165,7 +187,7 @@ def render_text(text: str, folder: Path) -> str:
         kind = match["kind"]
         if kind == "gpu-history":
             return match.group(1) + _gpu_history(folder) + match.group(4)
-        record = records.latest(folder, kind)
+        record = records.latest(folder, SOURCES.get(kind, kind))
         if kind not in RENDERERS:
             raise ValueError(f"no renderer for records of kind '{kind}'")
         body = RENDERERS[kind](record) if record else f"(no {kind} record yet)\n"

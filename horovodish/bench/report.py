@@ -51,6 +51,17 @@ def print_report(size: int, figures: dict) -> None:
         phases = step["phases_s"]
         print("  our step: " + ", ".join(f"{k.replace('_', ' ')} {v * 1e3:.2f} ms"
                                          for k, v in phases.items()))
+    jax_step = figures.get("jax_training")
+    if jax_step:
+        print(f"\nJAX training step, MLP {'-'.join(map(str, jax_step['widths']))}, batch "
+              f"{jax_step['batch_per_rank']} per rank:")
+        for key, value in jax_step["steps_per_s"].items():
+            print(f"  {key:34s} {value:8.1f} steps/s")
+        low, high = jax_step["over_jax_range"]
+        print(f"  horovodish / jax.distributed: {jax_step['over_jax']:.2f}x (rounds {low:.2f}x "
+              f"to {high:.2f}x); of the no-communication bound: horovodish "
+              f"{jax_step['ours_over_bound']:.2f}, jax.distributed "
+              f"{jax_step['jax_over_bound']:.2f}")
     many = figures.get("many_tensors")
     if many:
         print(f"\nmany-tensor step, {many['parameter_tensors']} parameter tensors, batch "

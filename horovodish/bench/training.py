@@ -37,7 +37,7 @@ def many_tensor_model(torch, blocks: int = 40, width: int = 64, classes: int = 1
     return torch.nn.Sequential(*layers)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -47,7 +47,7 @@ def _free_port() -> int:
 def _gloo(hvd) -> Iterator[None]:
     """torch.distributed on gloo over loopback, beside horovodish, for DDP's side."""
     import torch.distributed as dist
-    port = hvd.broadcast_object(_free_port() if hvd.rank() == 0 else None, root_rank=0,
+    port = hvd.broadcast_object(free_port() if hvd.rank() == 0 else None, root_rank=0,
                                 name="bench.gloo.port")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",

@@ -12,7 +12,9 @@ as torch and TensorFlow.
     params = optax.apply_updates(params, updates)
 
 Host arrays reach the core as numpy views without a copy (``np.asarray`` of a CPU
-array); results come back as new arrays. A pytree travels as one flat buffer per dtype:
+array); results are written to fresh aligned host memory that JAX adopts without a copy.
+Arrays on a CUDA device take the NCCL path as views of their device memory, and their
+results come back on that device through DLPack (views.py). A pytree travels as one flat buffer per dtype:
 one negotiated entry per dtype, whatever the leaf count. Collectives run outside
 ``jax.jit``: inside a traced function they raise ``ValueError`` (a collective there
 would run once at trace time, or block XLA's executor; see docs/jax.md).
@@ -30,10 +32,12 @@ from ..common.api import __all__ as _core_names
 from ..common.api import collectives as core
 from ..common.api.objects import allgather_object, broadcast_object
 from ..common.api.process_sets import ProcessSet, global_process_set
-from ..common.messages import ReduceOp
-from .handles import Handle, host_array
+from ..common.messages import ReduceOp, RequestType
+from .handles import Handle
+from . import elastic
 from .optimizer import Compression, DistributedOptimizer
-from .trees import allreduce_tree
+from .trees import allreduce_tree, broadcast_parameters
+from .views import view
 
 Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM
 Min, Max, Product = ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT
@@ -49,13 +53,13 @@ def allreduce_async(tensor: Any, op: ReduceOp = Average, name: str | None = None
     """A pytree of arrays is reduced as one operation per dtype (see trees.py)."""
     if not isinstance(tensor, (jax.Array, np.ndarray, np.generic)):
         return allreduce_tree(tensor, ReduceOp(op), name, prescale_factor, postscale_factor,
-                              process_set, host_array, Handle)
-    array = host_array(tensor, "allreduce")
-    handle = core.allreduce_async(array, np.empty_like(array),
+                              process_set)
+    v = view(tensor, "allreduce", RequestType.ALLREDUCE, ReduceOp(op))
+    handle = core.allreduce_async(v.array, v.empty(v.array.shape),
                                   _name(name, "allreduce", process_set), ReduceOp(op),
-                                  float(prescale_factor), float(postscale_factor), "cpu",
+                                  float(prescale_factor), float(postscale_factor), v.device,
                                   process_set)
-    return Handle([handle], lambda results: jnp.asarray(results[0]))
+    return Handle([handle], lambda results: v.result(results[0]))
 
 
 def allreduce(tensor: Any, op: ReduceOp = Average, name: str | None = None,
@@ -77,10 +81,10 @@ def grouped_allreduce(tensors: Sequence[Any], op: ReduceOp = Average,
 def allgather_async(tensor: Any, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Concatenate every rank's array along the first dimension (which may differ)."""
-    array = host_array(tensor, "allgather")
-    handle = core.allgather_async(array, lambda shape: np.empty(shape, array.dtype),
-                                  _name(name, "allgather", process_set), "cpu", process_set)
-    return Handle([handle], lambda results: jnp.asarray(results[0]))
+    v = view(tensor, "allgather", RequestType.ALLGATHER)
+    handle = core.allgather_async(v.array, v.empty, _name(name, "allgather", process_set),
+                                  v.device, process_set)
+    return Handle([handle], lambda results: v.result(results[0]))
 
 
 def allgather(tensor: Any, name: str | None = None,
@@ -90,10 +94,10 @@ def allgather(tensor: Any, name: str | None = None,
 
 def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
-    array = host_array(tensor, "broadcast")
-    handle = core.broadcast_async(array, np.empty_like(array), root_rank,
-                                  _name(name, "broadcast", process_set), "cpu", process_set)
-    return Handle([handle], lambda results: jnp.asarray(results[0]))
+    v = view(tensor, "broadcast", RequestType.BROADCAST)
+    handle = core.broadcast_async(v.array, v.empty(v.array.shape), root_rank,
+                                  _name(name, "broadcast", process_set), v.device, process_set)
+    return Handle([handle], lambda results: v.result(results[0]))
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None,
@@ -105,14 +109,14 @@ def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None 
              process_set: ProcessSet = global_process_set) -> Any:
     """Send the i-th part of the first dimension to rank i; with ``splits``, returns
     (output, received splits), as Horovod does."""
-    array = host_array(tensor, "alltoall")
-    handle = core.alltoall_async(array, None if splits is None else [int(s) for s in splits],
-                                 lambda shape: np.empty(shape, array.dtype),
-                                 _name(name, "alltoall", process_set), "cpu", process_set)
+    v = view(tensor, "alltoall", RequestType.ALLTOALL)
+    handle = core.alltoall_async(v.array, None if splits is None else [int(s) for s in splits],
+                                 v.empty, _name(name, "alltoall", process_set), v.device,
+                                 process_set)
     output, received = Handle([handle], lambda results: results[0]).wait()
     if splits is None:
-        return jnp.asarray(output)
-    return jnp.asarray(output), jnp.asarray(np.asarray(received, np.int32))
+        return v.result(output)
+    return v.result(output), jnp.asarray(np.asarray(received, np.int32))
 
 
 def reducescatter(tensor: Any, op: ReduceOp = Average, name: str | None = None,
@@ -120,12 +124,13 @@ def reducescatter(tensor: Any, op: ReduceOp = Average, name: str | None = None,
                   process_set: ProcessSet = global_process_set) -> Any:
     """Reduce across ranks and keep this rank's part of the first dimension (low ranks
     get the extra rows)."""
-    array = host_array(tensor, "reducescatter")
-    shape = core.reducescatter_shape(array.shape, process_set.rank(), process_set.size())
+    v = view(tensor, "reducescatter", RequestType.REDUCESCATTER, ReduceOp(op))
+    shape = core.reducescatter_shape(v.array.shape, process_set.rank(), process_set.size())
     handle = core.grouped_reducescatter_async(
-        [array], [np.empty(shape, array.dtype)], [_name(name, "reducescatter", process_set)],
-        ReduceOp(op), float(prescale_factor), float(postscale_factor), "cpu", process_set)[0]
-    return Handle([handle], lambda results: jnp.asarray(results[0])).wait()
+        [v.array], [v.empty(shape)], [_name(name, "reducescatter", process_set)],
+        ReduceOp(op), float(prescale_factor), float(postscale_factor), v.device,
+        process_set)[0]
+    return Handle([handle], lambda results: v.result(results[0])).wait()
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
@@ -146,20 +151,9 @@ def poll(handle: Handle) -> bool:
     return handle.done()
 
 
-def broadcast_parameters(params: Any, root_rank: int = 0,
-                         process_set: ProcessSet = global_process_set) -> Any:
-    """The root's pytree on every rank (one broadcast per leaf, in one submission)."""
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    arrays = [host_array(leaf, "broadcast_parameters") for leaf in leaves]
-    handles = [core.broadcast_async(array, np.empty_like(array), root_rank,
-                                    f"broadcast_parameters.{i}", "cpu", process_set)
-               for i, array in enumerate(arrays)]
-    results = Handle(handles, lambda results: results).wait()
-    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(r) for r in results])
-
-
 __all__ = [*_core_names, "Average", "Sum", "Adasum", "Min", "Max", "Product", "Handle",
            "allreduce", "allreduce_async", "grouped_allreduce", "allgather",
            "allgather_async", "broadcast", "broadcast_async", "alltoall", "reducescatter",
            "barrier", "join", "synchronize", "poll", "broadcast_parameters",
-           "broadcast_object", "allgather_object", "DistributedOptimizer", "Compression"]
+           "broadcast_object", "allgather_object", "DistributedOptimizer", "Compression",
+           "elastic"]

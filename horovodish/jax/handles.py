@@ -1,13 +1,11 @@
-"""What the JAX adapter hands the core and gives back: numpy views of host arrays in,
-and handles whose results come back as JAX arrays."""
+"""Handles of the JAX adapter's asynchronous collectives: ``synchronize(handle)`` returns
+the result as JAX arrays."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-import jax
-import numpy as np
-
 from ..common.runtime.handles import Handle as _CoreHandle
+from .views import wait_for_device
 
 
 class Handle:
@@ -29,15 +27,5 @@ class Handle:
                 error = error or exc
         if error is not None:
             raise error
+        wait_for_device(self._handles)  # results in device memory: JAX reads them next
         return self._finish(results)
-
-
-def host_array(tensor: Any, opname: str) -> np.ndarray:
-    """The array's host memory as numpy, without a copy where JAX allows."""
-    if isinstance(tensor, jax.core.Tracer):
-        raise ValueError(
-            f"horovodish.jax.{opname} was called inside a traced function (jax.jit, "
-            "jax.grad, vmap...): a collective cannot run there. Call it outside: compute "
-            "gradients with a jitted function, then reduce them, as DistributedOptimizer "
-            "does.")
-    return np.asarray(tensor)

@@ -21,7 +21,6 @@ import jax.numpy as jnp
 
 from ..common.api.process_sets import ProcessSet, global_process_set
 from ..common.messages import ReduceOp
-from .handles import Handle, host_array
 from .trees import allreduce_tree
 
 _created = itertools.count()  # optimizers made in the same order on every rank
@@ -95,7 +94,7 @@ def DistributedOptimizer(optimizer: Any, op: ReduceOp = ReduceOp.AVERAGE,
             return grads  # nothing to reduce, or a rank outside the set (Horovod's rule)
         sent, ctx = compression.compress(grads)
         reduced = allreduce_tree(sent, op, f"{tag}.gradients", prescale, postscale,
-                                 process_set, host_array, Handle).wait()
+                                 process_set).wait()
         return compression.decompress(reduced, ctx)
 
     def init_fn(params: Any) -> DistributedState:

@@ -31,7 +31,8 @@ import tensorflow as tf
 from ..common import elastic
 from ..common.elastic import ObjectState, State
 from ..common.errors import HorovodInternalError
-from .functions import broadcast_variables, check_same_layout
+from ..common.api.objects import check_same_layout
+from .functions import broadcast_variables
 
 __all__ = ["State", "TensorFlowKerasState", "TensorFlowState", "run"]
 

@@ -38,32 +38,6 @@ def broadcast_global_variables(root_rank: int) -> Any:
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
-def check_same_layout(variables: Sequence[Any], root_rank: int, what: str, name: str,
-                      ready: bool = True) -> list[int]:
-    """Collective: the ranks agree that their variables line up with root_rank's (count,
-    shapes, dtypes) before a broadcast, which with unequal lists would leave ranks waiting
-    for good on broadcasts the root never makes. Returns the ranks that are not ``ready``
-    (then nothing is compared); otherwise raises a ValueError on every rank naming the
-    first variable that differs."""
-    layout = [(tuple(v.shape), str(v.dtype)) for v in variables]
-    everyone = objects.allgather_object((ready, layout), name)
-    unready = [rank for rank, (is_ready, _) in enumerate(everyone) if not is_ready]
-    if unready:
-        return unready
-    root = everyone[root_rank][1]
-    for rank, (_, theirs) in enumerate(everyone):
-        if theirs != root:
-            first = next((i for i, (a, b) in enumerate(zip(root, theirs)) if a != b),
-                         min(len(root), len(theirs)))
-            raise ValueError(
-                f"{what}: rank {root_rank} has {len(root)} variables, rank {rank} has "
-                f"{len(theirs)}; first difference at variable {first}: "
-                f"{root[first] if first < len(root) else 'none'} against "
-                f"{theirs[first] if first < len(theirs) else 'none'}. Every rank must create "
-                "the same variables (the same model and optimizer), in the same order.")
-    return []
-
-
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """root_rank's Python object on every rank (cloudpickle; ``session`` is ignored)."""

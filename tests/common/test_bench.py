@@ -25,9 +25,10 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     script = tmp_path / "run_bench.py"
     script.write_text("from horovodish.bench import main\nimport sys\nmain(sys.argv[1:])\n")
     out, png = tmp_path / "bench.json", tmp_path / "busbw.png"
+    # The JAX step starts JAX's own distributed runtime: tests/jax/test_jax_bench.py.
     result = run_ranks(script, 2, args=["--json", str(out), "--plot", str(png),
                                         "--max-bytes", str(16 << 10), "--idle-rounds", "3",
-                                        "--rounds", "1"],
+                                        "--rounds", "1", "--frameworks", "torch,tensorflow"],
                        timeout=300)
     assert_ok(result)
     assert "ratio to MPI_Allreduce" in result.stdout and "idle cost" in result.stdout

@@ -4,7 +4,9 @@
 #   bash tests/gpu/run_on_gpu.sh          # from the repository root; results in $RESULTS
 # Expects the machine's own stack (no package registry needed): python3 with torch (CUDA),
 # CuPy with NCCL, mpi4py on Open MPI, pytest (and pytest-xdist, to run the 1-, 2- and
-# 4-rank jobs side by side); installs this checkout without dependencies.
+# 4-rank jobs side by side); installs this checkout without dependencies. JAX arrays on
+# the GPU (tests/gpu/test_jax_gpu.py) are checked where JAX with CUDA and optax are
+# installed too, and skipped, saying so, where they are not.
 # Every stage is time-limited and logged, and a failure does not stop the next. Only
 # three files are written: $RESULTS/summary.txt (each stage's exit code, seconds and
 # last lines), $RESULTS/gpu.log (the summary, then every stage's whole log) and
@@ -37,7 +39,7 @@ stage environment 40 bash -c "nvidia-smi -L; command -v mpirun && mpirun --versi
 $PY - <<'EOF'
 import importlib
 for name in ('torch', 'cupy', 'mpi4py', 'numpy', 'ml_dtypes', 'cloudpickle', 'pytest',
-             'xdist'):
+             'xdist', 'jax', 'optax'):
     try:
         module = importlib.import_module(name)
         print(name, getattr(module, '__version__', '?'))
@@ -63,6 +65,10 @@ if ! command -v mpirun > /dev/null && ! [ -x "$(dirname "$($PY -c 'import sys; p
     stage kernel 90 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_fusion_kernel.py
     stage collectives_np1_nccl 150 env HOROVODISH_GPU_OPERATIONS=nccl \
         "$PY" tests/gpu/workers/gpu_worker.py
+    # JAX arrays on the GPU (needs a JAX that sees it; tests/gpu/test_jax_gpu.py skips
+    # without one, this stage then fails saying so).
+    stage jax_np1_nccl 150 env HOROVODISH_GPU_OPERATIONS=nccl \
+        XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" tests/gpu/workers/jax_gpu_worker.py
     stage bench 150 env HOROVODISH_GPU_OPERATIONS=nccl \
         "$PY" tests/gpu/bench_gpu.py "$RESULTS/figures.json"
 elif "$PY" -c "import pytest, xdist" 2>/dev/null; then

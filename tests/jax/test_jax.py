@@ -1,6 +1,8 @@
-"""horovodish.jax on real ranks: every collective against numpy (1 and 3 ranks), pytrees
-as one entry per dtype, mismatch and jit errors, DistributedOptimizer against plain
-optax on the whole batch, a rank outside a process set; the digits example on 2 ranks."""
+"""horovodish.jax on real ranks: every collective against numpy (1 and 3 ranks), every
+dtype (float64 and int64 with x64 on; uint32, uint64 and PRNG keys moved, not reduced),
+pytrees as one entry per dtype, mismatch and jit errors, DistributedOptimizer against plain
+optax on the whole batch, a rank outside a process set, elastic state (sync, commit,
+restore, a retry in the same processes); the digits example on 2 ranks."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +14,7 @@ from multirank import assert_digits_example, assert_ranks_ok, run_ranks
 WORKER = Path(__file__).parent / "workers" / "jax_worker.py"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CHECKS = ["collectives", "pytrees", "errors", "training_equals_one_process",
-          "outside_the_set"]
+          "outside_the_set", "x64_and_every_dtype", "elastic_state"]
 
 
 @pytest.mark.parametrize("np", [1, 3])

@@ -1,7 +1,7 @@
 """broadcast_object / allgather_object for any framework: pickle to bytes, move bytes."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -46,3 +46,31 @@ def allgather_object(obj: Any, name: str | None = None,
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     return [_pickler.loads(data[offsets[i]:offsets[i + 1]].tobytes())
             for i in range(len(sizes))]
+
+
+def check_same_layout(arrays: Sequence[Any], root_rank: int, what: str, name: str,
+                      ready: bool = True, unit: tuple[str, str] = ("variable", "variables"),
+                      fix: str = "the same model and optimizer") -> list[int]:
+    """Collective: the ranks agree that their arrays (anything with ``shape`` and
+    ``dtype``) line up with root_rank's (count, shapes, dtypes) before a broadcast, which
+    with unequal lists would leave ranks waiting for good on broadcasts the root never
+    makes. Returns the ranks that are not ``ready`` (then nothing is compared);
+    otherwise raises a ValueError on every rank naming the first array that differs.
+    ``unit`` (singular, plural) and ``fix`` are the adapter's words for them."""
+    layout = [(tuple(a.shape), str(a.dtype)) for a in arrays]
+    everyone = allgather_object((ready, layout), name)
+    unready = [rank for rank, (is_ready, _) in enumerate(everyone) if not is_ready]
+    if unready:
+        return unready
+    root = everyone[root_rank][1]
+    for rank, (_, theirs) in enumerate(everyone):
+        if theirs != root:
+            first = next((i for i, (a, b) in enumerate(zip(root, theirs)) if a != b),
+                         min(len(root), len(theirs)))
+            raise ValueError(
+                f"{what}: rank {root_rank} has {len(root)} {unit[1]}, rank {rank} has "
+                f"{len(theirs)}; first difference at {unit[0]} {first}: "
+                f"{root[first] if first < len(root) else 'none'} against "
+                f"{theirs[first] if first < len(theirs) else 'none'}. Every rank must create "
+                f"the same {unit[1]} ({fix}), in the same order.")
+    return []

@@ -12,7 +12,8 @@ import keras
 import numpy as np
 
 from ...common import api
-from ..functions import broadcast_variables, check_same_layout
+from ...common.api.objects import check_same_layout
+from ..functions import broadcast_variables
 from ..mpi_ops import Average, allreduce
 
 
