@@ -1,5 +1,5 @@
-"""Eager cycles (execution/eager.py): the plan, its prediction from agreed results, and
-the controller's exchange, in one process with the fake transport. The multi-rank
+"""Eager cycles (execution/piggyback.py): the plan, its prediction from agreed results,
+and the controller's exchange, in one process with the fake transport. The multi-rank
 worker (workers/eager_worker.py) checks the reductions themselves against numpy."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from horovodish.common.execution.eager import EagerPredictor, plan_eager
+from horovodish.common.execution.piggyback import EagerPredictor, plan_eager
 from horovodish.common.execution.fusion import plan_fusion
 from horovodish.common.messages import ReduceOp, Request, RequestType, Response
 

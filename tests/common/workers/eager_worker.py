@@ -1,4 +1,4 @@
-"""Small steady allreduces that ride on the negotiation (execution/eager.py), against
+"""Small steady allreduces that ride on the negotiation (execution/piggyback.py), against
 numpy on every rank, bit for bit: every op, dtypes from bool to float64, prescale and
 postscale, Average's three rules, in place, into a given output and into runtime
 blocks, fused groups of several dtypes; then the cycles that must fall back (another
