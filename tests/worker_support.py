@@ -24,6 +24,22 @@ Example::
 A check that raises while the other ranks wait in a collective for it leaves them
 waiting: the job then ends at run_ranks' timeout, whose failure message still lists
 every check that had reported.
+
+A worker whose job goes wrong on purpose (a rank killed, raising, stalling) lists its
+*scenarios* instead, and ``run_scenario`` runs the one its first argument names. The
+test then reads how the job ended, so a scenario's exceptions are not caught: they end
+the rank as they would end a user's script. Comparisons are recorded as in a check and
+reported once the scenario returns::
+
+    def raises(rank, size):
+        ...
+
+    if __name__ == "__main__":
+        run_scenario([killed, raises, stalls])   # python faults_worker.py raises
+
+Tests may also ask a worker for an MPI set-up the machine does not have (an MPI before
+version 4, ranks as if on several hosts): through the environment, applied when this
+module is imported, so before the worker's ``init()`` (tests/mpi_variants.py).
 """
 from __future__ import annotations
 
@@ -35,7 +51,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-# Failures of the check now running, each a line that says what differed.
+import mpi_variants
+
+mpi_variants.apply(os.environ)
+# Failures of the check or scenario now running, each a line that says what differed.
 _failures: list[str] = []
 _comparisons = 0
 
@@ -108,28 +127,7 @@ def same_on_every_rank(value: Any, what: str, tol: float = 0.0) -> bool:
 def run_checks(checks: Sequence[Callable[..., Any]], rank: int, size: int,
                *args: Any) -> None:
     """Run every check as check(rank, size, *args), report each, exit 1 if one failed."""
-    global _comparisons
-    failed = 0
-    for fn in checks:
-        name = fn.__name__
-        _failures.clear()
-        _comparisons = 0
-        start = time.perf_counter()
-        try:
-            fn(rank, size, *args)
-        except BaseException as exc:  # noqa: BLE001 (reported, then the next check)
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            detail = "".join(traceback.format_exception(exc)).rstrip()
-            _failures.append(f"raised {type(exc).__name__}: {exc}\n{detail}")
-        if _failures:
-            failed += 1
-            first, *rest = _failures
-            _report(f"CHECK {name} rank {rank}/{size}: FAILED: {first}"
-                    + "".join(f"\n    also: {more}" for more in rest))
-        else:
-            _report(f"CHECK {name} rank {rank}/{size}: ok ({_comparisons} comparisons, "
-                    f"{time.perf_counter() - start:.2f} s)")
+    failed = sum(_run_one(fn, rank, size, args, catch=True) for fn in checks)
     _report(f"DONE rank {rank}/{size}: {len(checks) - failed} passed, {failed} failed")
     if failed:
         sys.stdout.flush()
@@ -137,6 +135,50 @@ def run_checks(checks: Sequence[Callable[..., Any]], rank: int, size: int,
         # their last checks and DONE lines first (under load one was lost, 1 in ~20 runs).
         time.sleep(0.5)
         os._exit(1)  # skip atexit shutdown: the other ranks may be out of step
+
+
+def _run_one(fn: Callable[..., Any], rank: int, size: int, args: Sequence[Any],
+             catch: bool) -> bool:
+    """Run fn(rank, size, *args) and report it; returns whether it failed. catch: an
+    exception is a failure of fn (else it passes through, unreported)."""
+    global _comparisons
+    _failures.clear()
+    _comparisons = 0
+    start = time.perf_counter()
+    try:
+        fn(rank, size, *args)
+    except BaseException as exc:  # noqa: BLE001 (reported, then the next check)
+        if not catch or isinstance(exc, KeyboardInterrupt):
+            raise
+        detail = "".join(traceback.format_exception(exc)).rstrip()
+        _failures.append(f"raised {type(exc).__name__}: {exc}\n{detail}")
+    if _failures:
+        first, *rest = _failures
+        _report(f"CHECK {fn.__name__} rank {rank}/{size}: FAILED: {first}"
+                + "".join(f"\n    also: {more}" for more in rest))
+        return True
+    _report(f"CHECK {fn.__name__} rank {rank}/{size}: ok ({_comparisons} comparisons, "
+            f"{time.perf_counter() - start:.2f} s)")
+    return False
+
+
+def run_scenario(scenarios: Sequence[Callable[..., Any]],
+                 argv: Sequence[str] | None = None) -> None:
+    """Run the scenario that argv[0] names (default: the command line's first argument)
+    as scenario(rank, size, *argv[1:]), rank and size in MPI's world (a scenario may
+    fail before init()). Exceptions pass through; if it returns, report it as a check
+    (and DONE, as run_checks does) and exit 1 if a comparison failed."""
+    from mpi4py import MPI
+    args = list(sys.argv[1:] if argv is None else argv)
+    by_name = {fn.__name__: fn for fn in scenarios}
+    if not args or args[0] not in by_name:
+        raise SystemExit(f"usage: {sys.argv[0]} SCENARIO [ARGS...], SCENARIO one of: "
+                         + ", ".join(by_name))
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    failed = _run_one(by_name[args[0]], rank, size, args[1:], catch=False)
+    _report(f"DONE rank {rank}/{size}: {int(not failed)} passed, {int(failed)} failed")
+    if failed:
+        sys.exit(1)
 
 
 def _as_array(value: Any) -> np.ndarray:

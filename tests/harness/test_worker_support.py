@@ -9,6 +9,7 @@ import pytest
 from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "harness_worker.py"
+SCENARIOS = Path(__file__).parent / "scenario_worker.py"
 
 
 def test_passing_checks_pass():
@@ -44,3 +45,33 @@ def test_close_takes_a_separate_absolute_tolerance_as_numpy_does():
         assert not worker_support.close([0.0], [1e-9], "exact")
     finally:
         worker_support._failures.clear()
+
+
+def test_a_scenario_reports_its_comparisons_and_exits_1_if_one_failed():
+    passed = run_ranks(SCENARIOS, 1, args=["compares", "1.0"], timeout=60)
+    assert_ranks_ok(passed, 1, checks=["compares"])
+    failed = run_ranks(SCENARIOS, 1, args=["compares", "2.0"], timeout=60)
+    assert failed.returncode != 0, failed.stdout
+    assert "CHECK compares rank 0/1: FAILED: one: got [1.], want [2.]" in failed.stdout, \
+        failed.stdout
+
+
+def test_a_scenario_s_exception_ends_the_rank_as_in_a_script():
+    """Not caught nor reported as a check: the job ends as a user's failing script's."""
+    result = run_ranks(SCENARIOS, 1, args=["raises"], timeout=60)
+    assert result.returncode != 0, result.stdout
+    assert "LookupError: deliberate failure in a scenario" in result.stdout, result.stdout
+    assert "CHECK raises" not in result.stdout, result.stdout
+
+
+def test_an_unknown_scenario_names_the_known_ones():
+    result = run_ranks(SCENARIOS, 1, args=["nonesuch"], timeout=60)
+    assert result.returncode != 0, result.stdout
+    assert "SCENARIO one of: compares, raises, variants" in result.stdout, result.stdout
+
+
+def test_a_worker_gets_the_mpi_variants_its_environment_asks_for():
+    result = run_ranks(SCENARIOS, 1, args=["variants", "3.1"], timeout=60,
+                       env={"HOROVODISH_TEST_MPI_VERSION": "3.1",
+                            "HOROVODISH_TEST_NO_SHM_EXCHANGE": "1"})
+    assert_ranks_ok(result, 1, checks=["variants"])
