@@ -21,12 +21,14 @@ lines can then mix.)
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 
 from horovodish.launcher.process import kill_tree
 
@@ -123,3 +125,18 @@ def assert_synthetic_benchmark(script: str | Path) -> None:
                                         "--fp16-allreduce"], timeout=120)
     assert_ok(result)
     assert re.search(r"Total img/sec on 2 CPU\(s\): [\d.]+", result.stdout), result.stdout
+
+
+def import_worker(script: str | Path) -> ModuleType:
+    """A worker script's definitions (its model, data, schedule), for a test's own
+    reference in one process: imported from its file, once, as a module named after its
+    path (worker folders are not on the path: their scripts' names repeat by area).
+    Running it as a script stays guarded by ``__name__ == "__main__"``."""
+    path = Path(script).resolve()
+    name = "worker:" + str(path)
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

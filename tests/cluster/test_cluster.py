@@ -49,11 +49,10 @@ def test_a_killed_creator_leaves_nothing_behind():
     why = missing_requirements()
     if why:
         pytest.skip(why)
-    here = Path(__file__).parent
     creator = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
-         "from cluster import Cluster; c = Cluster(2).up(); print(c.prefix, flush=True); "
-         "time.sleep(120)", str(here)], stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-c", "import time; from cluster.cluster import Cluster; "
+         "c = Cluster(2).up(); print(c.prefix, flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
     prefix = creator.stdout.readline().strip()
     assert prefix.startswith("hvc") and any(n.startswith(prefix) for n in _netns_names())
     creator.send_signal(signal.SIGKILL)
