@@ -77,18 +77,22 @@ def assert_ok(result: subprocess.CompletedProcess) -> None:
 _CHECK_LINE = re.compile(r"^CHECK (\S+) rank (\d+)/(\d+): (ok|FAILED)(?:: (.*)| \(.*\))?$",
                          re.MULTILINE)
 _DONE_LINE = re.compile(r"^DONE rank (\d+)/(\d+): (\d+) passed, (\d+) failed$", re.MULTILINE)
+# A rank that ended the job because its check raised while the others did not finish it.
+_ABORT_LINE = re.compile(r"^ABORT rank (\d+)/\d+: (.*)$", re.MULTILINE)
 
 
 def assert_ranks_ok(result: subprocess.CompletedProcess, np: int,
                     checks: Sequence[str] = ()) -> None:
     """Every rank of a worker using tests/worker_support.py ran every check and each
-    passed. The failure message lists each failed or missing check by name and rank,
-    then the job's whole output."""
+    passed. The failure message says first which rank ended the job, if one did
+    (worker_support's ABORT line), then lists each failed or missing check by name and
+    rank, then the job's whole output."""
     reports = {(name, int(rank)): (status, detail or "")
                for name, rank, _, status, detail in _CHECK_LINE.findall(result.stdout)}
     done = {int(rank) for rank, *_ in _DONE_LINE.findall(result.stdout)}
     names = list(dict.fromkeys([*checks, *(name for name, _ in reports)]))
-    problems = []
+    problems = [f"  rank {rank} ended the job: {why}"
+                for rank, why in _ABORT_LINE.findall(result.stdout)]
     for name in names:
         for rank in range(np):
             status, detail = reports.get((name, rank), ("missing", ""))

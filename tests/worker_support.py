@@ -21,9 +21,11 @@ Example::
         hvd.init()
         run_checks([allreduce_sum], hvd.rank(), hvd.size())
 
-A check that raises while the other ranks wait in a collective for it leaves them
-waiting: the job then ends at run_ranks' timeout, whose failure message still lists
-every check that had reported.
+The ranks meet after each check (an MPI barrier, polled). A rank whose check raised
+waits there at most ``STRAGGLER_GRACE_S``: if the others have not finished that check
+by then, they are most likely waiting in a collective for it, so it reports that (an
+``ABORT`` line, which ``assert_ranks_ok`` puts first) and ends the job with MPI_Abort
+rather than leave it hanging until run_ranks' timeout.
 
 A worker whose job goes wrong on purpose (a rank killed, raising, stalling) lists its
 *scenarios* instead, and ``run_scenario`` runs the one its first argument names. The
@@ -54,6 +56,11 @@ import numpy as np
 import mpi_variants
 
 mpi_variants.apply(os.environ)
+# How long a rank whose check raised waits for the other ranks to finish that check
+# before it ends the job: far longer than the rest of a check takes once a rank has
+# given it up, far shorter than a test's timeout.
+STRAGGLER_GRACE_S = 5.0
+
 # Failures of the check or scenario now running, each a line that says what differed.
 _failures: list[str] = []
 _comparisons = 0
@@ -126,8 +133,19 @@ def same_on_every_rank(value: Any, what: str, tol: float = 0.0) -> bool:
 
 def run_checks(checks: Sequence[Callable[..., Any]], rank: int, size: int,
                *args: Any) -> None:
-    """Run every check as check(rank, size, *args), report each, exit 1 if one failed."""
-    failed = sum(_run_one(fn, rank, size, args, catch=True) for fn in checks)
+    """Run every check as check(rank, size, *args), report each, exit 1 if one failed;
+    end the job if a check raised and the other ranks do not finish it (see above)."""
+    from mpi4py import MPI
+    # The ranks meet on a communicator of their own, so that a meeting never matches
+    # a check's own collectives on MPI's world (same_on_every_rank's, say).
+    meetings, created = MPI.COMM_WORLD.Idup()
+    _wait(created)
+    failed = 0
+    for fn in checks:
+        outcome = _run_one(fn, rank, size, args, catch=True)
+        failed += outcome != "ok"
+        _meet_after(fn.__name__, outcome == "raised", meetings, rank, size)
+    meetings.Free()
     _report(f"DONE rank {rank}/{size}: {len(checks) - failed} passed, {failed} failed")
     if failed:
         sys.stdout.flush()
@@ -138,13 +156,15 @@ def run_checks(checks: Sequence[Callable[..., Any]], rank: int, size: int,
 
 
 def _run_one(fn: Callable[..., Any], rank: int, size: int, args: Sequence[Any],
-             catch: bool) -> bool:
-    """Run fn(rank, size, *args) and report it; returns whether it failed. catch: an
-    exception is a failure of fn (else it passes through, unreported)."""
+             catch: bool) -> str:
+    """Run fn(rank, size, *args) and report it; returns "ok", "failed" (a comparison)
+    or "raised". catch: an exception is a failure of fn (else it passes through,
+    unreported)."""
     global _comparisons
     _failures.clear()
     _comparisons = 0
     start = time.perf_counter()
+    outcome = "ok"
     try:
         fn(rank, size, *args)
     except BaseException as exc:  # noqa: BLE001 (reported, then the next check)
@@ -152,14 +172,40 @@ def _run_one(fn: Callable[..., Any], rank: int, size: int, args: Sequence[Any],
             raise
         detail = "".join(traceback.format_exception(exc)).rstrip()
         _failures.append(f"raised {type(exc).__name__}: {exc}\n{detail}")
+        outcome = "raised"
     if _failures:
         first, *rest = _failures
         _report(f"CHECK {fn.__name__} rank {rank}/{size}: FAILED: {first}"
                 + "".join(f"\n    also: {more}" for more in rest))
-        return True
+        return "raised" if outcome == "raised" else "failed"
     _report(f"CHECK {fn.__name__} rank {rank}/{size}: ok ({_comparisons} comparisons, "
             f"{time.perf_counter() - start:.2f} s)")
-    return False
+    return "ok"
+
+
+def _meet_after(name: str, raised: bool, comm: Any, rank: int, size: int) -> None:
+    """Every rank's end of check name; a rank whose check raised waits at most
+    STRAGGLER_GRACE_S, then ends the job."""
+    if _wait(comm.Ibarrier(), STRAGGLER_GRACE_S if raised else None):
+        return
+    _report(f"ABORT rank {rank}/{size}: check {name} raised (reported above) and the "
+            f"other ranks have not finished it after {STRAGGLER_GRACE_S:g} s: they are "
+            "most likely waiting in a collective for this rank; ending the job")
+    comm.Abort(1)
+
+
+def _wait(request: Any, limit: float | None = None) -> bool:
+    """Wait for an MPI request, at most limit seconds; returns whether it completed.
+    Polled with short sleeps: MPI's blocking wait would spin on a core that the ranks
+    still busy need."""
+    give_up_at = None if limit is None else time.monotonic() + limit
+    pause = 1e-4
+    while not request.Test():
+        if give_up_at is not None and time.monotonic() > give_up_at:
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+    return True
 
 
 def run_scenario(scenarios: Sequence[Callable[..., Any]],
@@ -175,7 +221,7 @@ def run_scenario(scenarios: Sequence[Callable[..., Any]],
         raise SystemExit(f"usage: {sys.argv[0]} SCENARIO [ARGS...], SCENARIO one of: "
                          + ", ".join(by_name))
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-    failed = _run_one(by_name[args[0]], rank, size, args[1:], catch=False)
+    failed = _run_one(by_name[args[0]], rank, size, args[1:], catch=False) != "ok"
     _report(f"DONE rank {rank}/{size}: {int(not failed)} passed, {int(failed)} failed")
     if failed:
         sys.exit(1)

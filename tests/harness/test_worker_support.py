@@ -2,6 +2,7 @@
 every check runs after a failure, and the failure names each failed check and rank."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,27 @@ def test_a_failure_names_each_failed_check_and_rank_and_the_rest_still_run():
     assert "raises_on_rank_0 on rank 0: FAILED: raised RuntimeError: boom" in message, message
     assert "last on rank" not in message, message  # ran after the failures, and passed
     assert "did not finish" not in message, message
+
+
+def test_a_check_that_raises_while_the_others_wait_in_a_collective_ends_the_job():
+    """Rank 0's check raises; ranks 1 and 2 wait in an allreduce for it. Rank 0 gives
+    them worker_support.STRAGGLER_GRACE_S (5 s) to finish the check, then ends the job:
+    it must not hang until run_ranks' timeout, and the error comes first."""
+    start = time.monotonic()
+    result = run_ranks(WORKER, 3, args=["hang"], timeout=90)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0, result.stdout
+    assert elapsed < 30, f"the job took {elapsed:.0f} s to end:\n{result.stdout}"
+    with pytest.raises(AssertionError) as failure:
+        assert_ranks_ok(result, 3)
+    message = str(failure.value).split("--- command ---")[0]
+    assert message.startswith("checks failed:\n  rank 0 ended the job: check "
+                              "raises_while_the_others_reduce raised"), message
+    assert "raises_while_the_others_reduce on rank 0: FAILED: raised RuntimeError: " \
+        "deliberate failure while the others reduce" in message, message
+    for rank in (1, 2):
+        assert f"raises_while_the_others_reduce on rank {rank}: missing" in message, message
+        assert f"rank {rank} did not finish its checks" in message, message
 
 
 def test_a_check_that_never_reported_is_missing():
