@@ -56,6 +56,7 @@ import numpy as np
 import mpi_variants
 
 mpi_variants.apply(os.environ)
+
 # How long a rank whose check raised waits for the other ranks to finish that check
 # before it ends the job: far longer than the rest of a check takes once a rank has
 # given it up, far shorter than a test's timeout.
@@ -208,14 +209,13 @@ def _wait(request: Any, limit: float | None = None) -> bool:
     return True
 
 
-def run_scenario(scenarios: Sequence[Callable[..., Any]],
-                 argv: Sequence[str] | None = None) -> None:
-    """Run the scenario that argv[0] names (default: the command line's first argument)
-    as scenario(rank, size, *argv[1:]), rank and size in MPI's world (a scenario may
-    fail before init()). Exceptions pass through; if it returns, report it as a check
-    (and DONE, as run_checks does) and exit 1 if a comparison failed."""
+def run_scenario(scenarios: Sequence[Callable[..., Any]]) -> None:
+    """Run the scenario that the command line's first argument names as
+    scenario(rank, size, *the arguments after it), rank and size in MPI's world (a
+    scenario may fail before init()). Exceptions pass through; if it returns, report it
+    as a check (and DONE, as run_checks does) and exit 1 if a comparison failed."""
     from mpi4py import MPI
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:]
     by_name = {fn.__name__: fn for fn in scenarios}
     if not args or args[0] not in by_name:
         raise SystemExit(f"usage: {sys.argv[0]} SCENARIO [ARGS...], SCENARIO one of: "
