@@ -11,10 +11,11 @@ and the job's final weights must match it.
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from multirank import import_worker
 
 WORKER = Path(__file__).parent / "torch" / "workers" / "elastic_digits_worker.py"
 
@@ -94,10 +95,9 @@ def replay(schedule: Schedule):
     """The worker's model after one process trains on the schedule's batches in order."""
     import torch
     import torch.nn.functional as F
-    sys.path.insert(0, str(WORKER.parent))
-    from elastic_digits_worker import build_model, data
-    x, y = data()
-    model = build_model()
+    job = import_worker(WORKER)
+    x, y = job.data()
+    model = job.build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for batch in schedule.batches:
         optimizer.zero_grad()

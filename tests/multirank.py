@@ -21,12 +21,14 @@ lines can then mix.)
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 
 from horovodish.launcher.process import kill_tree
 
@@ -75,18 +77,22 @@ def assert_ok(result: subprocess.CompletedProcess) -> None:
 _CHECK_LINE = re.compile(r"^CHECK (\S+) rank (\d+)/(\d+): (ok|FAILED)(?:: (.*)| \(.*\))?$",
                          re.MULTILINE)
 _DONE_LINE = re.compile(r"^DONE rank (\d+)/(\d+): (\d+) passed, (\d+) failed$", re.MULTILINE)
+# A rank that ended the job because its check raised while the others did not finish it.
+_ABORT_LINE = re.compile(r"^ABORT rank (\d+)/\d+: (.*)$", re.MULTILINE)
 
 
 def assert_ranks_ok(result: subprocess.CompletedProcess, np: int,
                     checks: Sequence[str] = ()) -> None:
     """Every rank of a worker using tests/worker_support.py ran every check and each
-    passed. The failure message lists each failed or missing check by name and rank,
-    then the job's whole output."""
+    passed. The failure message says first which rank ended the job, if one did
+    (worker_support's ABORT line), then lists each failed or missing check by name and
+    rank, then the job's whole output."""
     reports = {(name, int(rank)): (status, detail or "")
                for name, rank, _, status, detail in _CHECK_LINE.findall(result.stdout)}
     done = {int(rank) for rank, *_ in _DONE_LINE.findall(result.stdout)}
     names = list(dict.fromkeys([*checks, *(name for name, _ in reports)]))
-    problems = []
+    problems = [f"  rank {rank} ended the job: {why}"
+                for rank, why in _ABORT_LINE.findall(result.stdout)]
     for name in names:
         for rank in range(np):
             status, detail = reports.get((name, rank), ("missing", ""))
@@ -123,3 +129,18 @@ def assert_synthetic_benchmark(script: str | Path) -> None:
                                         "--fp16-allreduce"], timeout=120)
     assert_ok(result)
     assert re.search(r"Total img/sec on 2 CPU\(s\): [\d.]+", result.stdout), result.stdout
+
+
+def import_worker(script: str | Path) -> ModuleType:
+    """A worker script's definitions (its model, data, schedule), for a test's own
+    reference in one process: imported from its file, once, as a module named after its
+    path (worker folders are not on the path: their scripts' names repeat by area).
+    Running it as a script stays guarded by ``__name__ == "__main__"``."""
+    path = Path(script).resolve()
+    name = "worker:" + str(path)
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

@@ -21,9 +21,27 @@ Example::
         hvd.init()
         run_checks([allreduce_sum], hvd.rank(), hvd.size())
 
-A check that raises while the other ranks wait in a collective for it leaves them
-waiting: the job then ends at run_ranks' timeout, whose failure message still lists
-every check that had reported.
+The ranks meet after each check (an MPI barrier, polled). A rank whose check raised
+waits there at most ``STRAGGLER_GRACE_S``: if the others have not finished that check
+by then, they are most likely waiting in a collective for it, so it reports that (an
+``ABORT`` line, which ``assert_ranks_ok`` puts first) and ends the job with MPI_Abort
+rather than leave it hanging until run_ranks' timeout.
+
+A worker whose job goes wrong on purpose (a rank killed, raising, stalling) lists its
+*scenarios* instead, and ``run_scenario`` runs the one its first argument names. The
+test then reads how the job ended, so a scenario's exceptions are not caught: they end
+the rank as they would end a user's script. Comparisons are recorded as in a check and
+reported once the scenario returns::
+
+    def raises(rank, size):
+        ...
+
+    if __name__ == "__main__":
+        run_scenario([killed, raises, stalls])   # python faults_worker.py raises
+
+Tests may also ask a worker for an MPI set-up the machine does not have (an MPI before
+version 4, ranks as if on several hosts): through the environment, applied when this
+module is imported, so before the worker's ``init()`` (tests/mpi_variants.py).
 """
 from __future__ import annotations
 
@@ -35,7 +53,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-# Failures of the check now running, each a line that says what differed.
+import mpi_variants
+
+mpi_variants.apply(os.environ)
+
+# How long a rank whose check raised waits for the other ranks to finish that check
+# before it ends the job: far longer than the rest of a check takes once a rank has
+# given it up, far shorter than a test's timeout.
+STRAGGLER_GRACE_S = 5.0
+
+# Failures of the check or scenario now running, each a line that says what differed.
 _failures: list[str] = []
 _comparisons = 0
 
@@ -107,29 +134,19 @@ def same_on_every_rank(value: Any, what: str, tol: float = 0.0) -> bool:
 
 def run_checks(checks: Sequence[Callable[..., Any]], rank: int, size: int,
                *args: Any) -> None:
-    """Run every check as check(rank, size, *args), report each, exit 1 if one failed."""
-    global _comparisons
+    """Run every check as check(rank, size, *args), report each, exit 1 if one failed;
+    end the job if a check raised and the other ranks do not finish it (see above)."""
+    from mpi4py import MPI
+    # The ranks meet on a communicator of their own, so that a meeting never matches
+    # a check's own collectives on MPI's world (same_on_every_rank's, say).
+    meetings, created = MPI.COMM_WORLD.Idup()
+    _wait(created)
     failed = 0
     for fn in checks:
-        name = fn.__name__
-        _failures.clear()
-        _comparisons = 0
-        start = time.perf_counter()
-        try:
-            fn(rank, size, *args)
-        except BaseException as exc:  # noqa: BLE001 (reported, then the next check)
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            detail = "".join(traceback.format_exception(exc)).rstrip()
-            _failures.append(f"raised {type(exc).__name__}: {exc}\n{detail}")
-        if _failures:
-            failed += 1
-            first, *rest = _failures
-            _report(f"CHECK {name} rank {rank}/{size}: FAILED: {first}"
-                    + "".join(f"\n    also: {more}" for more in rest))
-        else:
-            _report(f"CHECK {name} rank {rank}/{size}: ok ({_comparisons} comparisons, "
-                    f"{time.perf_counter() - start:.2f} s)")
+        outcome = _run_one(fn, rank, size, args, catch=True)
+        failed += outcome != "ok"
+        _meet_after(fn.__name__, outcome == "raised", meetings, rank, size)
+    meetings.Free()
     _report(f"DONE rank {rank}/{size}: {len(checks) - failed} passed, {failed} failed")
     if failed:
         sys.stdout.flush()
@@ -137,6 +154,77 @@ def run_checks(checks: Sequence[Callable[..., Any]], rank: int, size: int,
         # their last checks and DONE lines first (under load one was lost, 1 in ~20 runs).
         time.sleep(0.5)
         os._exit(1)  # skip atexit shutdown: the other ranks may be out of step
+
+
+def _run_one(fn: Callable[..., Any], rank: int, size: int, args: Sequence[Any],
+             catch: bool) -> str:
+    """Run fn(rank, size, *args) and report it; returns "ok", "failed" (a comparison)
+    or "raised". catch: an exception is a failure of fn (else it passes through,
+    unreported)."""
+    global _comparisons
+    _failures.clear()
+    _comparisons = 0
+    start = time.perf_counter()
+    outcome = "ok"
+    try:
+        fn(rank, size, *args)
+    except BaseException as exc:  # noqa: BLE001 (reported, then the next check)
+        if not catch or isinstance(exc, KeyboardInterrupt):
+            raise
+        detail = "".join(traceback.format_exception(exc)).rstrip()
+        _failures.append(f"raised {type(exc).__name__}: {exc}\n{detail}")
+        outcome = "raised"
+    if _failures:
+        first, *rest = _failures
+        _report(f"CHECK {fn.__name__} rank {rank}/{size}: FAILED: {first}"
+                + "".join(f"\n    also: {more}" for more in rest))
+        return "raised" if outcome == "raised" else "failed"
+    _report(f"CHECK {fn.__name__} rank {rank}/{size}: ok ({_comparisons} comparisons, "
+            f"{time.perf_counter() - start:.2f} s)")
+    return "ok"
+
+
+def _meet_after(name: str, raised: bool, comm: Any, rank: int, size: int) -> None:
+    """Every rank's end of check name; a rank whose check raised waits at most
+    STRAGGLER_GRACE_S, then ends the job."""
+    if _wait(comm.Ibarrier(), STRAGGLER_GRACE_S if raised else None):
+        return
+    _report(f"ABORT rank {rank}/{size}: check {name} raised (reported above) and the "
+            f"other ranks have not finished it after {STRAGGLER_GRACE_S:g} s: they are "
+            "most likely waiting in a collective for this rank; ending the job")
+    comm.Abort(1)
+
+
+def _wait(request: Any, limit: float | None = None) -> bool:
+    """Wait for an MPI request, at most limit seconds; returns whether it completed.
+    Polled with short sleeps: MPI's blocking wait would spin on a core that the ranks
+    still busy need."""
+    give_up_at = None if limit is None else time.monotonic() + limit
+    pause = 1e-4
+    while not request.Test():
+        if give_up_at is not None and time.monotonic() > give_up_at:
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+    return True
+
+
+def run_scenario(scenarios: Sequence[Callable[..., Any]]) -> None:
+    """Run the scenario that the command line's first argument names as
+    scenario(rank, size, *the arguments after it), rank and size in MPI's world (a
+    scenario may fail before init()). Exceptions pass through; if it returns, report it
+    as a check (and DONE, as run_checks does) and exit 1 if a comparison failed."""
+    from mpi4py import MPI
+    args = sys.argv[1:]
+    by_name = {fn.__name__: fn for fn in scenarios}
+    if not args or args[0] not in by_name:
+        raise SystemExit(f"usage: {sys.argv[0]} SCENARIO [ARGS...], SCENARIO one of: "
+                         + ", ".join(by_name))
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    failed = _run_one(by_name[args[0]], rank, size, args[1:], catch=False) != "ok"
+    _report(f"DONE rank {rank}/{size}: {int(not failed)} passed, {int(failed)} failed")
+    if failed:
+        sys.exit(1)
 
 
 def _as_array(value: Any) -> np.ndarray:

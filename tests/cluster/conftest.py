@@ -10,7 +10,8 @@
 Building one takes a fraction of a second (Slurm's daemons about one more), but each test
 would pay for the teardown of its processes too; one of each, and a check after each job
 that nothing is left on any host. Where the machine cannot build one (not root, no
-iproute2, no Slurm), the tests skip with the reason.
+iproute2, no Slurm or sshd), the tests skip with the reason; under CI (CI=true), where
+they must run, they fail with it instead.
 """
 from __future__ import annotations
 
@@ -24,37 +25,49 @@ from .slurm import RESIDENTS, Slurm, missing_slurm
 from .sshd import Sshd, missing_sshd
 
 
-@pytest.fixture(scope="session")
-def cluster():
-    why = missing_requirements()
+def under_ci() -> bool:
+    """CI sets CI=true (GitHub Actions, GitLab and others do too)."""
+    return os.environ.get("CI", "").lower() in ("true", "1")
+
+
+def require(why: str | None) -> None:
+    """Nothing when why is None; else skip with it, or under CI fail with it."""
+    if why and under_ci():
+        pytest.fail(f"CI=true, yet the cluster tests cannot run: {why}. CI must run them "
+                    "as root with iproute2, tc, nsenter and unshare installed (and "
+                    "slurm-wlm, munge and openssh-server, which .ci/run installs).",
+                    pytrace=False)
     if why:
         pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def cluster_machine() -> None:
+    """This machine can build an emulated cluster; else skip, or under CI fail."""
+    require(missing_requirements())
+
+
+@pytest.fixture(scope="session")
+def cluster(cluster_machine):
     with Cluster(hosts=3, rate="1gbit") as built:
         yield built
 
 
 @pytest.fixture(scope="session")
-def daemon_cluster():
-    why = missing_requirements()
-    if why:
-        pytest.skip(why)
+def daemon_cluster(cluster_machine):
     with Cluster(hosts=2, rate="1gbit", prefix=f"hvc{os.getpid()}d") as built:
         yield built
 
 
 @pytest.fixture(scope="session")
 def _slurm(daemon_cluster):
-    why = missing_slurm()
-    if why:
-        pytest.skip(why)
+    require(missing_slurm())
     return Slurm(daemon_cluster).up()
 
 
 @pytest.fixture(scope="session")
 def _sshd(daemon_cluster):
-    why = missing_sshd()
-    if why:
-        pytest.skip(why)
+    require(missing_sshd())
     return Sshd(daemon_cluster).up()
 
 

@@ -43,17 +43,11 @@ def test_plain_mpirun_and_bytes_on_the_link(cluster, tmp_path):
     assert after["h2"] - before["h2"] < 10_000  # (ARP and the like at most)
 
 
-def test_a_killed_creator_leaves_nothing_behind():
-    from .cluster import missing_requirements
-    import pytest
-    why = missing_requirements()
-    if why:
-        pytest.skip(why)
-    here = Path(__file__).parent
+def test_a_killed_creator_leaves_nothing_behind(cluster_machine):
     creator = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
-         "from cluster import Cluster; c = Cluster(2).up(); print(c.prefix, flush=True); "
-         "time.sleep(120)", str(here)], stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-c", "import time; from cluster.cluster import Cluster; "
+         "c = Cluster(2).up(); print(c.prefix, flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
     prefix = creator.stdout.readline().strip()
     assert prefix.startswith("hvc") and any(n.startswith(prefix) for n in _netns_names())
     creator.send_signal(signal.SIGKILL)

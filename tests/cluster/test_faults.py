@@ -14,7 +14,7 @@ COMMON_FAULTS = Path(__file__).parents[1] / "common" / "workers" / "faults_worke
 
 def test_a_rank_killed_on_the_second_host(cluster, tmp_path):
     start = time.monotonic()
-    result = run_job(cluster, "faults_worker.py", args=["kill", tmp_path / "ready"],
+    result = run_job(cluster, "faults_worker.py", args=["killed", tmp_path / "ready"],
                      timeout=90)
     assert time.monotonic() - start < 60, result.stdout
     assert result.returncode != 0, result.stdout
@@ -38,7 +38,7 @@ def test_a_host_whose_link_goes_down(cluster, tmp_path):
     puller = threading.Thread(target=pull_when_running, daemon=True)
     puller.start()
     try:
-        result = run_job(cluster, "faults_worker.py", args=["link", ready], timeout=90,
+        result = run_job(cluster, "faults_worker.py", args=["link_pulled", ready], timeout=90,
                          env={"HOROVODISH_HEARTBEAT_TIMEOUT": "6"})
         ended = time.monotonic()
     finally:
@@ -53,7 +53,7 @@ def test_a_host_whose_link_goes_down(cluster, tmp_path):
 
 def test_a_stall_across_hosts_names_the_rank_and_ends_the_job(cluster):
     start = time.monotonic()
-    result = run_job(cluster, COMMON_FAULTS, "h1:1,h2:1", args=["stall"], timeout=90,
+    result = run_job(cluster, COMMON_FAULTS, "h1:1,h2:1", args=["stalls"], timeout=90,
                      env={"HOROVODISH_STALL_CHECK_TIME_SECONDS": "2",
                           "HOROVODISH_STALL_SHUTDOWN_TIME_SECONDS": "5"})
     assert time.monotonic() - start < 40, result.stdout
@@ -62,7 +62,7 @@ def test_a_stall_across_hosts_names_the_rank_and_ends_the_job(cluster):
 
 
 def test_a_rank_that_raises_on_the_second_host(cluster):
-    result = run_job(cluster, COMMON_FAULTS, "h1:1,h2:2", args=["raise"], timeout=90)
+    result = run_job(cluster, COMMON_FAULTS, "h1:1,h2:2", args=["raises"], timeout=90)
     assert result.returncode != 0, result.stdout
     assert "deliberate failure on rank 1" in result.stdout, result.stdout
     assert "because rank 1 shut down" in result.stdout, result.stdout

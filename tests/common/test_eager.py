@@ -1,5 +1,5 @@
-"""Eager cycles (execution/eager.py): the plan, its prediction from agreed results, and
-the controller's exchange, in one process with the fake transport. The multi-rank
+"""Eager cycles (execution/piggyback.py): the plan, its prediction from agreed results,
+and the controller's exchange, in one process with the fake transport. The multi-rank
 worker (workers/eager_worker.py) checks the reductions themselves against numpy."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from horovodish.common.execution.eager import EagerPredictor, plan_eager
+from horovodish.common.execution.piggyback import EagerPredictor, plan_eager
 from horovodish.common.execution.fusion import plan_fusion
 from horovodish.common.messages import ReduceOp, Request, RequestType, Response
 
@@ -165,22 +165,21 @@ CHECKS = ["every_op_and_dtype_in_place", "into_outputs_and_runtime_blocks",
           "negotiation_in_shared_memory_on_one_host"]
 
 
-WRAPPERS = Path(__file__).parent / "workers"
+# MPI set-ups that this machine lacks, as tests/mpi_variants.py makes them.
+AS_ACROSS_HOSTS = {"HOROVODISH_TEST_NO_SHM_EXCHANGE": "1"}
+AS_MPI_3 = {"HOROVODISH_TEST_MPI_VERSION": "3.1"}
 
 
-@pytest.mark.parametrize("ranks, limit, wrapper", [
-    (2, None, None), (3, None, None), (2, "0", None),
+@pytest.mark.parametrize("ranks, limit, variant", [
+    (2, None, {}), (3, None, {}), (2, "0", {}),
     # the exchange as across hosts: MPI's persistent allgather
-    (2, "131072", "no_shm_exchange_wrapper.py"),
+    (2, "131072", AS_ACROSS_HOSTS),
     # an MPI without persistent collectives (Open MPI 4): on one host nothing changes (the
     # exchange is shared memory); as across hosts, an Iallgather per cycle
-    (2, None, "mpi3_wrapper.py"),
-    (3, "131072", ("mpi3_wrapper.py", "no_shm_exchange_wrapper.py")),
+    (2, None, AS_MPI_3),
+    (3, "131072", {**AS_MPI_3, **AS_ACROSS_HOSTS}),
 ])
-def test_eager_cycles_reduce_like_numpy_on_every_rank(ranks, limit, wrapper):
+def test_eager_cycles_reduce_like_numpy_on_every_rank(ranks, limit, variant):
     """With the default limit the worker requires eager cycles to have run; with 0, none."""
-    env = {"HOROVODISH_EAGER_LIMIT": limit} if limit is not None else {}
-    wrappers = (wrapper,) if isinstance(wrapper, str) else wrapper or ()
-    script, args = (WRAPPERS / wrappers[0], [*(WRAPPERS / w for w in wrappers[1:]), WORKER]) \
-        if wrappers else (WORKER, [])
-    assert_ranks_ok(run_ranks(script, ranks, args=args, env=env, timeout=180), ranks, CHECKS)
+    env = {**variant, **({"HOROVODISH_EAGER_LIMIT": limit} if limit is not None else {})}
+    assert_ranks_ok(run_ranks(WORKER, ranks, env=env, timeout=180), ranks, CHECKS)

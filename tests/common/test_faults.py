@@ -11,15 +11,15 @@ from multirank import run_ranks
 WORKER = Path(__file__).parent / "workers" / "faults_worker.py"
 
 
-@pytest.mark.parametrize("mode", ["kill", "raise"])
-def test_a_rank_that_dies_ends_the_job(mode):
+@pytest.mark.parametrize("scenario", ["killed", "raises"])
+def test_a_rank_that_dies_ends_the_job(scenario):
     start = time.monotonic()
-    result = run_ranks(WORKER, 3, args=[mode], timeout=90)
+    result = run_ranks(WORKER, 3, args=[scenario], timeout=90)
     assert time.monotonic() - start < 60
     assert result.returncode != 0, result.stdout
     # The sums before the failure were right (a wrong one also ends the job, non-zero).
-    assert "AssertionError" not in result.stdout, result.stdout
-    if mode == "raise":
+    assert "FAILED: sum at step" not in result.stdout, result.stdout
+    if scenario == "raises":
         assert "deliberate failure on rank 1" in result.stdout
         assert "because rank 1 shut down" in result.stdout, result.stdout
 
@@ -28,7 +28,7 @@ def test_a_rank_that_fails_before_init_ends_the_job():
     """MPI starts at import: the failed rank used to wait in MPI_Finalize for the others,
     which waited for it in init(), for good."""
     start = time.monotonic()
-    result = run_ranks(WORKER, 2, args=["raise_before_init"], timeout=90)
+    result = run_ranks(WORKER, 2, args=["raises_before_init"], timeout=90)
     assert time.monotonic() - start < 30, result.stdout
     assert result.returncode != 0, result.stdout
     assert "deliberate failure before init on rank 1" in result.stdout, result.stdout
@@ -37,7 +37,7 @@ def test_a_rank_that_fails_before_init_ends_the_job():
 
 def test_stall_inspector_names_tensor_and_rank_then_ends_the_job():
     start = time.monotonic()
-    result = run_ranks(WORKER, 2, args=["stall"], timeout=90, env={
+    result = run_ranks(WORKER, 2, args=["stalls"], timeout=90, env={
         "HOROVODISH_STALL_CHECK_TIME_SECONDS": "2",
         "HOROVODISH_STALL_SHUTDOWN_TIME_SECONDS": "5"})
     elapsed = time.monotonic() - start
@@ -50,7 +50,7 @@ def test_stall_inspector_names_tensor_and_rank_then_ends_the_job():
 def test_a_rank_that_fails_while_others_add_a_process_set_ends_the_job():
     """Registration agrees through the runtime: it used to wait in a bare MPI call."""
     start = time.monotonic()
-    result = run_ranks(WORKER, 2, args=["raise_before_add"], timeout=90)
+    result = run_ranks(WORKER, 2, args=["raises_before_add"], timeout=90)
     assert time.monotonic() - start < 30, result.stdout
     assert result.returncode != 0, result.stdout
     assert "because rank 1 shut down" in result.stdout, result.stdout
@@ -59,7 +59,7 @@ def test_a_rank_that_fails_while_others_add_a_process_set_ends_the_job():
 
 def test_a_stall_inside_a_process_set_names_world_ranks():
     start = time.monotonic()
-    result = run_ranks(WORKER, 3, args=["stall_in_set"], timeout=90, env={
+    result = run_ranks(WORKER, 3, args=["stalls_in_set"], timeout=90, env={
         "HOROVODISH_STALL_CHECK_TIME_SECONDS": "2",
         "HOROVODISH_STALL_SHUTDOWN_TIME_SECONDS": "5"})
     assert time.monotonic() - start < 30, result.stdout
@@ -67,13 +67,13 @@ def test_a_stall_inside_a_process_set_names_world_ranks():
     assert "rank 2 has not submitted: lonely_tensor" in result.stdout, result.stdout
 
 
-@pytest.mark.parametrize("mode", ["internal", "internal_caught"])
-def test_a_runtime_failing_midway_ends_the_job(mode):
+@pytest.mark.parametrize("scenario", ["internal_error", "internal_error_caught"])
+def test_a_runtime_failing_midway_ends_the_job(scenario):
     """Rank 1 is inside the data allreduce that rank 0's failed cycle never joins: only
     ending the job frees it. Rank 0 sees the error; the job exits non-zero, at once when
     rank 0's script ends, after the grace period when it catches the error and lingers."""
     start = time.monotonic()
-    result = run_ranks(WORKER, 2, args=[mode], timeout=90)
+    result = run_ranks(WORKER, 2, args=[scenario], timeout=90)
     elapsed = time.monotonic() - start
     assert result.returncode != 0, result.stdout
     assert elapsed < 40, elapsed
@@ -90,8 +90,7 @@ def test_init_after_the_other_ranks_left_returns_and_a_collective_raises(np):
     in MPI_Comm_dup for ever. Now it returns, as Horovod's does in that state, and the
     next collective raises naming the ranks that left; the job ends with exit code 0."""
     start = time.monotonic()
-    result = run_ranks(Path(__file__).parent / "workers" / "peers_gone_worker.py", np,
-                       timeout=60)
+    result = run_ranks(WORKER, np, args=["init_after_the_others_left"], timeout=60)
     assert time.monotonic() - start < 30, result.stdout
     assert result.returncode == 0, result.stdout
     left = ", ".join(str(r) for r in range(1, np))
@@ -100,3 +99,5 @@ def test_init_after_the_other_ranks_left_returns_and_a_collective_raises(np):
     assert (f"COLLECTIVE RAISED: horovodish has been shut down because rank {left} shut "
             "down") in result.stdout, result.stdout
     assert f"init(): rank(s) {left} shut down" in result.stdout, result.stdout
+    assert f"CHECK init_after_the_others_left rank 0/{np}: ok" in result.stdout, \
+        result.stdout

@@ -1,4 +1,6 @@
-"""A worker for the harness's own test: rank 1 fails one check, then the rest still run."""
+"""A worker for the harness's own test. pass: every check passes; fail: rank 1 fails one
+check and rank 0 raises in another, then the rest still run; hang: rank 0 raises while
+the others wait for it in an allreduce, which only ending the job frees."""
 from __future__ import annotations
 
 import sys
@@ -24,12 +26,18 @@ def raises_on_rank_0(rank: int, size: int) -> None:
         raise RuntimeError("boom")
 
 
+def raises_while_the_others_reduce(rank: int, size: int) -> None:
+    if rank == 0:
+        raise RuntimeError("deliberate failure while the others reduce")
+    MPI.COMM_WORLD.allreduce(1)  # waits for rank 0 for ever
+
+
 def last(rank: int, size: int) -> None:
     check(MPI.COMM_WORLD.allreduce(1) == size, "allreduce of ones")
 
 
 if __name__ == "__main__":
-    which = sys.argv[1]
-    checks = [agrees, last] if which == "pass" else [agrees, differs_on_rank_1,
-                                                     raises_on_rank_0, last]
+    checks = {"pass": [agrees, last],
+              "fail": [agrees, differs_on_rank_1, raises_on_rank_0, last],
+              "hang": [agrees, raises_while_the_others_reduce, last]}[sys.argv[1]]
     run_checks(checks, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())

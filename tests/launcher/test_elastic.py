@@ -76,7 +76,7 @@ def test_why_a_job_ended():
 
 def test_too_few_slots_for_the_elastic_timeout_ends_the_job():
     start = time.monotonic()
-    result = run_ranks(WORKER, 2, args=["kill"], timeout=60,
+    result = run_ranks(WORKER, 2, args=["killed"], timeout=60,
                        launcher_args=["--min-np", "2", "--elastic-timeout", "2"])
     assert result.returncode != 0, result.stdout
     assert "dropping 1 slot of localhost for the rest of the job" in result.stdout
@@ -86,7 +86,7 @@ def test_too_few_slots_for_the_elastic_timeout_ends_the_job():
 
 
 def test_a_script_that_always_fails_ends_after_the_reset_limit():
-    result = run_ranks(WORKER, 2, args=["raise"], timeout=90,
+    result = run_ranks(WORKER, 2, args=["raises"], timeout=90,
                        launcher_args=["--min-np", "2", "--reset-limit", "2"])
     assert result.returncode == 1, result.stdout
     assert len(re.findall(r"generation \d ended: rank 1 on localhost exited with code 1: "
@@ -99,7 +99,7 @@ def test_a_script_that_always_fails_ends_after_the_reset_limit():
 
 
 def test_without_a_reset_limit_a_failure_that_repeats_from_the_same_commit_ends_it():
-    result = run_ranks(WORKER, 2, args=["raise"], timeout=90, launcher_args=["--min-np", "2"])
+    result = run_ranks(WORKER, 2, args=["raises"], timeout=90, launcher_args=["--min-np", "2"])
     assert result.returncode == 1, result.stdout
     assert "ending the job: it failed again with no commit in between" in result.stdout
     assert "generation 3" not in result.stdout, result.stdout

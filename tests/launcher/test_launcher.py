@@ -20,11 +20,7 @@ from horovodish.launcher.command import build_command, child_env
 from horovodish.launcher.envvars import config_env
 from horovodish.launcher.hosts import hostfile_for, parse_hostfile, parse_hosts
 from horovodish.launcher.process import exit_code
-
-TESTS = Path(__file__).resolve().parents[1]
-if str(TESTS) not in sys.path:  # for multirank, whatever conftest does
-    sys.path.insert(0, str(TESTS))
-from multirank import assert_ok, run_ranks  # noqa: E402
+from multirank import assert_ok, run_ranks
 
 LAUNCH = [sys.executable, "-m", "horovodish.launcher"]
 # Ranks run unbuffered, so each line must be one write() or lines of two ranks can mix.

@@ -5,34 +5,31 @@ nothing committed is lost and every batch of every epoch runs exactly once."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from multirank import assert_ranks_ok, run_ranks
+from multirank import assert_ranks_ok, import_worker, run_ranks
 
 WORKERS = Path(__file__).parent / "workers"
-sys.path.insert(0, str(WORKERS))
 
 
 def replay(log_dir: Path) -> list[np.ndarray]:
     """Softmax regression, SGD with momentum as Keras does it, on the global batches."""
-    from elastic_fit_worker import (EPOCHS, LR, MOMENTUM, digits, global_batch,
-                                    steps_per_epoch)
-    x, y = digits()
+    job = import_worker(WORKERS / "elastic_fit_worker.py")
+    x, y = job.digits()
     kernel, bias = np.load(log_dir / "initial.npz").values()
     velocity = [np.zeros_like(kernel), np.zeros_like(bias)]
-    for epoch in range(EPOCHS):
-        for batch in range(steps_per_epoch(len(x))):
-            idx = global_batch(epoch, batch, len(x))
+    for epoch in range(job.EPOCHS):
+        for batch in range(job.steps_per_epoch(len(x))):
+            idx = job.global_batch(epoch, batch, len(x))
             logits = x[idx] @ kernel + bias
             p = np.exp(logits - logits.max(axis=1, keepdims=True))
             p /= p.sum(axis=1, keepdims=True)
             p[np.arange(len(idx)), y[idx]] -= 1
             grads = [x[idx].T @ p / len(idx), p.mean(axis=0)]
             for i, (weight, grad) in enumerate(zip((kernel, bias), grads)):
-                velocity[i] = MOMENTUM * velocity[i] - LR * grad
+                velocity[i] = job.MOMENTUM * velocity[i] - job.LR * grad
                 weight += velocity[i]
     return [kernel, bias]
 

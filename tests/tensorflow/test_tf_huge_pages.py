@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,9 +15,8 @@ from horovodish.launcher.envvars import rank_defaults
 from huge_pages import thp_mode
 
 # Prints the huge-page kB backing a 16 MiB TensorFlow tensor, then GLIBC_TUNABLES.
-PROBE = f"""
-import os, sys
-sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+PROBE = """
+import os
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import numpy as np
 import tensorflow as tf

@@ -13,10 +13,8 @@ CHECKS = ["topology", "allreduce", "allgather", "broadcast", "alltoall", "reduce
           "sparse"]
 
 
-def _run(np: int, env: dict[str, str] | None = None, extra: tuple[str, ...] = (),
-         wrapper: Path | None = None) -> None:
-    script, args = (WORKER, ()) if wrapper is None else (wrapper, (WORKER,))
-    result = run_ranks(script, np, args=args, env=env, timeout=240)
+def _run(np: int, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> None:
+    result = run_ranks(WORKER, np, env=env, timeout=240)
     assert_ranks_ok(result, np, [*CHECKS, *extra])
 
 
@@ -53,11 +51,9 @@ def test_an_mpi_without_persistent_collectives():
     communicator, at 2 ranks on Open MPI 4.1, its messages met the backends' collectives
     and were truncated; MPICH tolerates that, so only a GPU-machine run of tests/gpu,
     under Open MPI, would catch it coming back.) Negotiation uses MPI only between hosts
-    (within one it goes through shared memory), so the run is as across hosts."""
-    workers = Path(__file__).parents[1] / "common" / "workers"
-    result = run_ranks(workers / "mpi3_wrapper.py", 2, timeout=240,
-                       args=[workers / "no_shm_exchange_wrapper.py", WORKER])
-    assert_ranks_ok(result, 2, CHECKS)
+    (within one it goes through shared memory), so the run is as across hosts
+    (tests/mpi_variants.py makes both)."""
+    _run(2, {"HOROVODISH_TEST_MPI_VERSION": "3.1", "HOROVODISH_TEST_NO_SHM_EXCHANGE": "1"})
 
 
 def test_host_staged_path_that_cuda_tensors_take():

@@ -10,6 +10,7 @@ import torch
 import horovodish.torch as hvd
 from horovodish.common.runtime.handles import Completions, Handle
 from horovodish.torch import async_ops
+from horovodish.torch.async_ops import handle_table
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def world_of_one():
 
 
 def _core_names(handle: int) -> list[str]:
-    handles = async_ops._handles[handle][0]
+    handles = handle_table._handles[handle][0]
     return [h.name for h in (handles if isinstance(handles, list) else [handles])]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,9 +15,8 @@ from huge_pages import thp_mode
 
 # Prints the huge-page kB backing a 16 MiB tensor allocated after the import, then the
 # switch as the process sees it.
-PROBE = f"""
-import os, sys
-sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+PROBE = """
+import os
 import horovodish.torch
 import torch
 from huge_pages import huge_page_kib

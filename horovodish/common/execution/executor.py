@@ -2,7 +2,7 @@
 
 Allreduce: the operation manager picks the backend (by op, dtype, size and how many
 tensors are fused), and the backend runs the whole group (``allreduce_group``; by
-default through the fusion buffer, staging.py). This module decides what the group
+default through the fusion buffer, fused_group.py). This module decides what the group
 means: Average is Sum with a 1/size factor for floating types (float32/float64 apply
 it on the way in, float16/bfloat16 on the way out); for integers a division toward
 zero, or with a postscale a factor postscale/size, truncated (Horovod's results); and
@@ -23,11 +23,11 @@ from ..runtime.entry import Entry, finish_all
 from ..timeline import Timeline, now_us
 from .arithmetic import divide_toward_zero, reduce_ufunc
 from .cuda import DEVICE_CUDA
-from .eager import (EagerGroup, EagerPlan, EagerViews, gather_slices, reduce_gathered,
-                    reduce_my_slice)
-from .eager import pack as eager_pack
+from .fused_group import AllreduceGroup, Workspace, scaled_copy
 from .operations import OperationManager
-from .staging import AllreduceGroup, Workspace, scaled_copy
+from .piggyback import (EagerGroup, EagerPlan, EagerViews, gather_slices, reduce_gathered,
+                        reduce_my_slice)
+from .piggyback import pack as eager_pack
 
 
 # Eager plans whose groups and views stay worked out (the predictor's periods go to 4).
@@ -134,7 +134,7 @@ class Executor:
                               self.size if self._divides(first) else 0,
                               pieces or [(0, len(group))], self.workspace)
 
-    # -- allreduce riding on the negotiation (eager.py) -------------------------------
+    # -- allreduce riding on the negotiation (piggyback.py) -------------------------------
     def _eager_views(self, plan: EagerPlan) -> EagerViews:
         """The plan's groups as this rank reduces them, worked out once per plan."""
         views = self._eager.get(id(plan))

@@ -1,14 +1,15 @@
 """The exchanges within one host: every rank's [vector | region] through shared memory.
 
-Each cycle's negotiation ANDs every rank's bit vector, and an eager cycle (execution/eager.py)
-also gathers each rank's packed tensors to every rank. MPI does both with messages:
-measured under MPICH on 2 ranks, from 64 KiB on its allgather's handshakes made the cycle
-slower than negotiating and then reducing through shared memory, and its persistent
-barrier alone took 2.3 us a meeting. Here each rank writes its slot of a window every
-rank maps, then its counter (``CounterBarrier``, about 1 us a meeting); once every
-rank's counter has caught up, each rank reads every slot. Exchanges take TURNS sets of
-slots in turn: a rank writes set t again only after the meetings of the exchanges in
-between, which no rank passes before it has finished reading set t.
+Each cycle's negotiation ANDs every rank's bit vector, and an eager cycle
+(execution/piggyback.py) also gathers each rank's packed tensors to every rank. MPI
+does both with messages: measured under MPICH on 2 ranks, from 64 KiB on its
+allgather's handshakes made the cycle slower than negotiating and then reducing through
+shared memory, and its persistent barrier alone took 2.3 us a meeting. Here each rank
+writes its slot of a window every rank maps, then its counter (``CounterBarrier``, about
+1 us a meeting); once every rank's counter has caught up, each rank reads every slot.
+Exchanges take TURNS sets of slots in turn: a rank writes set t again only after the
+meetings of the exchanges in between, which no rank passes before it has finished
+reading set t.
 
 Why four sets, not the two that safety needs: a rank that writes a line another core
 has just read pays for taking it back (measured on this VM's AMD EPYC: 1 MiB took 75 us

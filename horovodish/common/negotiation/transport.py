@@ -1,6 +1,6 @@
 """What negotiation needs from the network: a bitwise-AND allreduce, a gather at the
 coordinator and a broadcast from it; and, for cycles that carry small allreduces with
-their negotiation (execution/eager.py), the same AND with every rank's bytes gathered
+their negotiation (execution/piggyback.py), the same AND with every rank's bytes gathered
 alongside. MPI in production (mpi_transport.py), a fake world in the unit tests, so the
 controller runs in one process there.
 """

@@ -18,7 +18,7 @@ from ..execution.backends.nccl import NcclBackend
 from ..execution.backends.ring import RingBackend
 from ..execution.backends.shm import SharedMemoryBackend
 from ..execution.cuda import GpuOperations
-from ..execution.eager import CROSS_HOST_EAGER_LIMIT, SPLIT_EAGER_LIMIT, EagerPredictor
+from ..execution.piggyback import CROSS_HOST_EAGER_LIMIT, SPLIT_EAGER_LIMIT, EagerPredictor
 from ..negotiation.shm_exchange import TURNS
 from ..execution.executor import Executor
 from ..execution.operations import OperationManager

@@ -34,7 +34,7 @@ from ..negotiation.controller import Controller, CycleResult, finish_cycle
 from ..negotiation.transport import Pending
 from .entry import Entry
 from ..errors import HorovodInternalError
-from ..execution.eager import EagerPlan, EagerPredictor
+from ..execution.piggyback import EagerPlan, EagerPredictor
 from ..execution.executor import Executor
 from ..execution.fusion import FusionPlanner
 from .handles import Completions, Handle
@@ -92,7 +92,7 @@ class Runtime:
         self._stop_reason = ""
         self._in_flight: dict[str, Entry] = {}
         self._planner = FusionPlanner()
-        # Small steady allreduces riding on the negotiation (execution/eager.py): the
+        # Small steady allreduces riding on the negotiation (execution/piggyback.py): the
         # plan for each next cycle, from what every rank agreed on.
         self.eager = eager
         if eager is not None:
@@ -437,7 +437,7 @@ class Runtime:
         return True
 
     def set_eager_limit(self, limit: int, split_limit: int = 0) -> None:
-        """New eager limits (eager.plan_eager), forgetting what was learnt (the bench's
+        """New eager limits (piggyback.plan_eager), forgetting what was learnt (the bench's
         A/B). Every rank calls it at the same point with nothing in flight anywhere.
         Under the driver lock: a cycle that a caller handed to the thread may still be
         finishing (its handles done, its prediction not yet updated), and every rank's

@@ -1,4 +1,4 @@
-"""Small steady allreduces that ride on the negotiation (execution/eager.py), against
+"""Small steady allreduces that ride on the negotiation (execution/piggyback.py), against
 numpy on every rank, bit for bit: every op, dtypes from bool to float64, prescale and
 postscale, Average's three rules, in place, into a given output and into runtime
 blocks, fused groups of several dtypes; then the cycles that must fall back (another
@@ -329,8 +329,8 @@ def a_late_reader_reads_its_own_cycle(rank: int, size: int) -> None:
 
 def negotiation_in_shared_memory_on_one_host(rank: int, size: int) -> None:
     """On one host every cycle meets through shared memory (shm_exchange.py), eager or
-    not: MPI's negotiation allreduce is never even set up. Between hosts (the wrapper
-    that hides the exchange) it is MPI's."""
+    not: MPI's negotiation allreduce is never even set up. Between hosts (as
+    HOROVODISH_TEST_NO_SHM_EXCHANGE makes it: tests/mpi_variants.py) it is MPI's."""
     transport = process_state.state().runtime.controller.transport
     shared = transport._shm
     if not os.environ.get("HOROVODISH_TEST_NO_SHM_EXCHANGE"):  # the tests run on one host

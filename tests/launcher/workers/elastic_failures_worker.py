@@ -1,8 +1,8 @@
-"""A light elastic job (no framework) for the launcher's failure paths:
+"""A light elastic job (no framework) for the launcher's failure paths. Scenarios (the
+first argument names one):
 
-    elastic_failures_worker.py kill   rank 1 SIGKILLs itself in the first generation
-    elastic_failures_worker.py raise  rank 1 raises ValueError in every generation
-    elastic_failures_worker.py steps  20 committed steps, no failure
+    elastic_failures_worker.py killed  rank 1 SIGKILLs itself in the first generation
+    elastic_failures_worker.py raises  rank 1 raises ValueError in every generation
 """
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ import os
 import signal
 import sys
 
-from horovodish.common import api
-from horovodish.common.api import collectives
-from horovodish.common.elastic import ObjectState, run
-from horovodish.common.runtime import launcher_link
+from worker_support import check, run_scenario  # noqa: E402
+
+from horovodish.common import api  # noqa: E402
+from horovodish.common.api import collectives  # noqa: E402
+from horovodish.common.elastic import ObjectState, run  # noqa: E402
+from horovodish.common.runtime import launcher_link  # noqa: E402
 
 
-def main(mode: str) -> None:
+def _train(fail: str) -> None:
+    """20 steps in lockstep, a commit every 5; rank 1 fails at step 7 as fail says."""
     api.init()
     generation, rank = launcher_link.generation(), api.rank()
     state = ObjectState(step=0)
@@ -31,14 +34,23 @@ def main(mode: str) -> None:
             if state.step % 5 == 0:
                 state.commit()
             if rank == 1 and state.step == 7:
-                if mode == "kill" and generation == 1:
+                if fail == "kill" and generation == 1:
                     os.kill(os.getpid(), signal.SIGKILL)
-                if mode == "raise":
+                if fail == "raise":
                     raise ValueError(f"deliberate failure in generation {generation}")
 
     train(state)
     sys.stdout.write(f"finished rank {rank}/{api.size()} at step {state.step}\n")
+    check(state.step == 20, f"finished at step {state.step}, want 20")
+
+
+def killed(rank: int, size: int) -> None:
+    _train("kill")
+
+
+def raises(rank: int, size: int) -> None:
+    _train("raise")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_scenario([killed, raises])

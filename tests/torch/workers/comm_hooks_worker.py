@@ -8,16 +8,12 @@ the accuracy PowerSGD must keep.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "examples"))
 from worker_support import check, close, expect_error, run_checks  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402

@@ -2,7 +2,7 @@
 
 Allreduce has two entries: ``allreduce(buf, op)`` on one flat buffer, and
 ``allreduce_group(group)`` for a fused group, whose default packs the group into a
-fusion buffer and reduces it with ``reduce_fused`` (staging.py). A backend with a
+fusion buffer and reduces it with ``reduce_fused`` (fused_group.py). A backend with a
 better way to run a group (shared memory) overrides ``allreduce_group``; one that needs
 the tensors' boundaries (Adasum) overrides ``reduce_fused``.
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from ...messages import ReduceOp, RequestType, Response
 from ...runtime.entry import Entry
-from ..staging import AllreduceGroup, through_fusion_buffer
+from ..fused_group import AllreduceGroup, through_fusion_buffer
 
 
 class Backend(ABC):

@@ -34,7 +34,7 @@ from ..cuda_streams import WorkStream
 from ..fusion import FusionBuffers, ResultBlocks
 from ..gpu_fusion import (BatchedCopier, pack_pointers, plan_layout, storage_dtype,
                           unpack_pointers)
-from ..staging import AllreduceGroup
+from ..fused_group import AllreduceGroup
 from .base import Backend
 
 # NCCL's enum values (nccl.h), as CuPy's nccl module also names them.

@@ -35,7 +35,7 @@ from ...messages import ReduceOp, RequestType
 from ...negotiation.shm_exchange import CounterBarrier
 from ..arithmetic import divide_toward_zero, reduce_ufunc, scale_into, scale_once
 from ..datatype_copies import MIN_OUTPUTS, DatatypeCopier
-from ..staging import AllreduceGroup, hand_out
+from ..fused_group import AllreduceGroup, hand_out
 from .base import Backend
 
 log = logging.getLogger("horovodish")

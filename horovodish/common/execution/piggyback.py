@@ -29,7 +29,7 @@ import numpy as np
 from ..messages import ReduceOp, RequestType, Response
 from ..runtime.entry import Entry
 from .arithmetic import divide_toward_zero, scale_into
-from .staging import Workspace, hand_out, pack_inputs, unpack_outputs
+from .fused_group import Workspace, hand_out, pack_inputs, unpack_outputs
 
 # Default bytes a rank receives in one eager cycle (the region times size - 1). Measured
 # on 2 ranks of one host (docs/tuning.md): through shared memory the eager cycle beat
