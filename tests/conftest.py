@@ -12,3 +12,14 @@ PATHS = [str(TESTS), str(TESTS.parent / "examples")]
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [*PATHS, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                if p and p not in PATHS]])
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """With pytest-xdist (-n 2 --dist loadgroup, as the README runs the suite), the
+    multi-host tests stay on one worker: they share one emulated cluster of each kind
+    (tests/cluster/conftest.py), built once per worker that runs any of them."""
+    import pytest
+    cluster = TESTS / "cluster"
+    for item in items:
+        if cluster in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.xdist_group("cluster"))

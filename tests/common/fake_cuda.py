@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import os
 import subprocess
 import threading
 import types
@@ -154,12 +155,17 @@ def host_kernel(dtype: str, folder: Path, chunk: int | None = None) -> Any:
     threads) runs the whole grid."""
     conversions = _HALF_ON_HOST if dtype == "float16" else conversion_source(dtype)
     body = kernel_body(dtype) if chunk is None else kernel_body(dtype, chunk=chunk)
-    source = folder / f"{dtype}-{chunk}.cpp"
+    # Ranks run as threads and each compiles its kernels: every build goes to names of
+    # its own and is renamed into place, so no rank loads a library another is writing.
+    private = f"{dtype}-{chunk}.{os.getpid()}.{threading.get_ident()}"
+    source = folder / f"{private}.cpp"
     source.write_text(_SHIM + conversions + body + _DRIVER.format(name=kernel_name(dtype)))
-    library = folder / f"{dtype}-{chunk}.so"
-    result = subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(library),
+    built = folder / f"{private}.so"
+    result = subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(built),
                              str(source)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"{dtype}:\n{result.stderr}"
+    library = folder / f"{dtype}-{chunk}.so"
+    os.replace(built, library)
     run = ctypes.CDLL(str(library)).run_grid
     run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_double, ctypes.c_longlong,
                     ctypes.c_uint, ctypes.c_uint]
