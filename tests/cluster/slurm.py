@@ -181,7 +181,9 @@ class Slurm:
         self.scontrol("update", f"nodename={node}", "state=drain", f"reason={reason}")
 
     def resume(self, node: str) -> None:
-        self.scontrol("update", f"nodename={node}", "state=resume")
+        """Put a drained or down node back into service (nothing if it is in service)."""
+        if self.node_states().get(node, "").startswith(("drain", "drng", "down")):
+            self.scontrol("update", f"nodename={node}", "state=resume")
 
     def cancel_all(self) -> None:
         self.run(["scancel", "--full", "--user=root"], timeout=30)

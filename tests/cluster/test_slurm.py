@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from elastic_replay import WORKER as ELASTIC_WORKER
 from elastic_replay import assert_each_sample_once_per_epoch, assert_matches_replay, read
 from multirank import assert_ranks_ok
@@ -96,39 +97,56 @@ def test_a_node_lost_mid_job_ends_it_with_horovodish_s_message(slurm):
     slurm.assert_nothing_left(within=60)  # h2's slurmstepd hears of the end once back
 
 
-def test_elastic_job_leaves_a_drained_node_and_goes_on(slurm, tmp_path):
-    """examples/slurm/elastic.sbatch with the elastic test worker: h2 is drained after
-    step 3; the job leaves at its next commit and finishes on h1's task, and its weights
-    match a replay of what survived."""
+@pytest.mark.parametrize("loss", ["drained", "link down"])
+def test_elastic_job_leaves_a_lost_node_and_goes_on(slurm, tmp_path, loss):
+    """examples/slurm/elastic.sbatch (--no-kill, horovodish-slurm-hosts) with the elastic
+    test worker; after step 6, h2 is drained (the discovery leaves it out: the ranks
+    leave at their next commit) or its link goes down (the heartbeat ends the
+    generation; Slurm notices only after SlurmdTimeout). Either way the job finishes on
+    h1's task from its last commit, and its weights match a replay of what survived."""
     out, ready = tmp_path / "job.out", tmp_path / "ready"
-    drained: list[float] = []
+    acted: list[float] = []
 
-    def drain_when_running() -> None:
+    def lose_h2_when_running() -> None:
         deadline = time.monotonic() + 120
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        if ready.exists():
+        if not ready.exists():
+            return
+        if loss == "drained":
             slurm.drain("h2", "elastic-test")
-            drained.append(time.monotonic())
+        else:
+            slurm.cluster.set_link("h2", False)
+        acted.append(time.monotonic())
+        # The lost node comes back once the job has gone on without it, so that Slurm can
+        # end the job's step there (it would wait SlurmdTimeout otherwise).
+        while "generation 2 on" not in (out.read_text() if out.exists() else "") \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        slurm.cluster.set_link("h2", True)
 
-    drainer = threading.Thread(target=drain_when_running, daemon=True)
-    drainer.start()
+    actor = threading.Thread(target=lose_h2_when_running, daemon=True)
+    actor.start()
     try:
         code, state = slurm.batch([f"--chdir={ROOT}", f"--output={out}",
                                    "--ntasks-per-node=1",  # CI's 2 cores: 2 ranks, then 1
                                    ROOT / "examples" / "slurm" / "elastic.sbatch",
                                    sys.executable, ELASTIC_WORKER, tmp_path, "--ready", ready,
-                                   3], timeout=240, MIN_NP="1")
+                                   6], timeout=240, MIN_NP="1", HOROVODISH_HEARTBEAT_TIMEOUT="4")
     finally:
-        drainer.join()
+        actor.join()
+        slurm.cluster.set_link("h2", True)
         slurm.resume("h2")
     log = f"{state}\n" + (out.read_text() if out.exists() else "")
-    assert drained, "the job never got going:\n" + log
+    assert acted, "the job never got going:\n" + log
     assert code == 0 and state == "COMPLETED", log
     assert "generation 1 on 2 ranks (h1:1,h2:1)" in log, log
+    if loss == "link down":
+        assert re.search(r"generation 1 ended: host h2 lost \(ranks 1\): horovodish: lost "
+                         r"contact with host h2", log), log
     assert "generation 2 on 1 rank (h1:1)" in log, log
     schedule = read(tmp_path)
     assert [g.size for g in schedule.generations] == [2, 1], log
-    assert schedule.generations[1].resume_step >= 3, log
+    assert schedule.generations[1].resume_step >= 5, log  # the first commit, at step 5
     assert_each_sample_once_per_epoch(schedule, 1797)
     assert_matches_replay(tmp_path, schedule)

@@ -418,20 +418,25 @@ def quiet(rank: int, size: int) -> None:
         wakes += 1
     alarm.wait = counted_wait
     calls = 600
+    slow = 0  # calls longer than half the cycle time (1 ms): each may let the alarm go off
     start = time.perf_counter()
     for step in range(calls):
+        began = time.perf_counter()
         got = submit("quiet", rank).wait()
+        slow += time.perf_counter() - began > 0.0005
         check(np.array_equal(got, expected(size)), f"quiet step {step}")
     elapsed = time.perf_counter() - start
     # Nearly every cycle on the caller: one descheduled for 20 ms (a loaded machine)
     # may see the thread take its work in an idle cycle.
     check(runtime.caller_cycles >= calls - 5, f"{runtime.caller_cycles} caller cycles")
     # One per idle period (20 ms) is the floor: the wake-up that looks in, in case; and
-    # a call slower than half a cycle time (a loaded machine) may let the alarm go off.
-    # Woken at every submit and every 1 ms, as before, it woke ~110 times in 600 calls.
-    allowed = calls // 10 + elapsed / 0.02 + 2
+    # a call slower than half a cycle time (a loaded machine) may let the alarm go off,
+    # once. Woken at every submit and every 1 ms, as before, it woke ~110 times in 600
+    # calls that were all fast.
+    allowed = calls // 10 + elapsed / 0.02 + slow + 2
     check(wakes <= allowed, f"the runtime thread woke {wakes} times during {calls} "
-          f"caller-driven allreduces in {elapsed:.2f} s (at most {allowed:.0f} expected)")
+          f"caller-driven allreduces in {elapsed:.2f} s, {slow} of them slower than "
+          f"0.5 ms (at most {allowed:.0f} expected)")
 
 
 def waited(rank: int, size: int) -> None:
