@@ -30,7 +30,7 @@ setup(
         "mpich": MPICH,
         # Everything a CPU-only test machine needs; torch pinned by version (for the CPU
         # build, an index or wheel that serves it: see docs/install.md).
-        "dev": ["torch==2.13.0", *TENSORFLOW, *JAX, *MPICH, "pytest>=7", "pytest-timeout", "pytest-xdist",
+        "dev": ["torch==2.13.0", *TENSORFLOW, *JAX, *MPICH, "pytest>=7", "pytest-timeout",
                 "scikit-learn", "matplotlib"],
     },
     entry_points={"console_scripts": [

@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from multirank import import_worker
+from multirank import assert_ranks_ok, import_worker
 
 WORKER = Path(__file__).parent / "torch" / "workers" / "elastic_digits_worker.py"
 
@@ -113,3 +113,25 @@ def assert_matches_replay(log_dir: Path, schedule: Schedule, tol: float = 1e-6) 
         got = final[name]
         assert torch.allclose(got, want, rtol=tol, atol=tol), (
             f"{name}: largest difference {float((got - want).abs().max()):.3g} from the replay")
+
+
+def assert_batches_went_on_from_the_last_commit(result, log_dir: Path) -> None:
+    """For the elastic jobs that log batches (the TensorFlow fit and JAX workers): 3
+    ranks, rank 1 SIGKILLed after batch 12 of epoch 0, commits every 10 batches. The job
+    went on at 2 ranks from commit 2 (epoch 0, batch 10); batches 11 and 12 ran and were
+    rolled back; each batch of the schedule survived exactly once, in order."""
+    assert_ranks_ok(result, 2, ["same_model_everywhere"])
+    assert "generation 1 ended: rank 1 on localhost was killed by SIGKILL" in result.stdout
+    assert "generation 2 on 2 ranks (localhost:2)" in result.stdout, result.stdout
+    logs = {g: [json.loads(line) for line in (log_dir / f"g{g}-r0.jsonl").read_text()
+                .splitlines()] for g in (1, 2)}
+    resume = [r for r in logs[2] if r["kind"] == "resume"]
+    last_commit = [r for r in logs[1] if r["kind"] == "commit"][-1]
+    assert len(resume) == 1 and resume[0]["size"] == 2
+    assert (resume[0]["epoch"], resume[0]["batch"], resume[0]["seq"]) == \
+        (last_commit["epoch"], last_commit["batch"], last_commit["seq"]) == (0, 10, 2)
+    done = [(r["epoch"], r["batch"]) for r in logs[1] if r["kind"] == "step"]
+    assert done[-2:] == [(0, 11), (0, 12)]
+    survived = done[:10] + [(r["epoch"], r["batch"]) for r in logs[2] if r["kind"] == "step"]
+    steps = max(b for _, b in survived)
+    assert survived == [(e, b) for e in range(2) for b in range(1, steps + 1)], survived
