@@ -85,6 +85,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds (tracing)")
     parser.add_argument("--model", choices=["mlp", "many"], default="mlp",
                         help="mlp: 784-1024x3-10; many: 162 small variables")
+    parser.add_argument("--blocks", type=int, default=40,
+                        help="blocks of the many-variable model (4 variables each)")
     args = parser.parse_args()
 
     hvd.init()
@@ -105,7 +107,7 @@ def main() -> None:
     def mlp() -> keras.Model:
         keras.utils.set_random_seed(0)
         if args.model == "many":
-            blocks = [layer for _ in range(40) for layer in (
+            blocks = [layer for _ in range(args.blocks) for layer in (
                 keras.layers.Dense(64), keras.layers.LayerNormalization(),
                 keras.layers.Activation("tanh"))]
             return keras.Sequential([keras.Input((64,)), *blocks, keras.layers.Dense(10)])
@@ -164,7 +166,8 @@ def main() -> None:
         theirs_rate = statistics.median(rates["mwms"])
         threads = tf.config.threading.get_intra_op_parallelism_threads()
         model = "MLP 784-1024x3-10" if args.model == "mlp" else \
-            f"{len(ours.trainable_variables)} variables (40 x Dense(64) + LayerNormalization)"
+            f"{len(ours.trainable_variables)} variables ({args.blocks} x Dense(64) + " \
+            "LayerNormalization)"
         print(f"{size} ranks x {threads} threads, {model}, batch {BATCH} per rank, "
               f"{args.steps} steps x {args.rounds} rounds", flush=True)
         print(f"horovodish DistributedOptimizer: {ours_rate:.2f} steps/s", flush=True)

@@ -13,6 +13,7 @@ from .burst import burst
 from .idle import idle_cost
 from .paths import available
 from .sweep import SIZES, sweep
+from .timing import scale_budgets
 
 
 def _agreed_paths(comm: MPI.Comm, frameworks: list[str]) -> dict:
@@ -62,7 +63,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternating rounds per measurement (bursts and the training "
                              "step take two more)")
+    parser.add_argument("--budget-scale", type=float, default=1.0,
+                        help="multiply every timing's length by this (default 1; 0.1 "
+                             "runs every measurement briefly: a check that the bench "
+                             "works, not figures to compare)")
     args = parser.parse_args(argv)
+    scale_budgets(args.budget_scale)
     api.init()
     comm = MPI.COMM_WORLD.Dup()
     frameworks = [f for f in args.frameworks.split(",") if f]

@@ -13,7 +13,7 @@ from math import prod
 from typing import NamedTuple
 
 _ITEMSIZE = {"uint8": 1, "int8": 1, "bool": 1, "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2,
-             "int32": 4, "float32": 4, "int64": 8, "float64": 8}
+             "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8}
 
 
 class RequestType(IntEnum):

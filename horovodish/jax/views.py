@@ -11,9 +11,8 @@
 - Any other array on an accelerator is staged through host memory (device
   ``cuda/host``) and its result put back on its device.
 
-Collectives that only move bytes (broadcast, allgather, alltoall) also take dtypes the
-core cannot reduce: unsigned 32- and 64-bit integers travel as the signed type of their
-width, and PRNG key arrays (``jax.random.key``) as their key data.
+Collectives that only move bytes (broadcast, allgather, alltoall) also take PRNG key
+arrays (``jax.random.key``), as their key data (uint32).
 """
 from __future__ import annotations
 
@@ -29,8 +28,6 @@ from ..common.execution.fusion import aligned_empty
 from ..common.messages import ReduceOp, RequestType
 
 _CUDA = 2  # DLPack's device type for CUDA memory (kDLCUDA)
-# Same bits, a type the core moves: for collectives that do no arithmetic.
-_SAME_WIDTH = {np.dtype(np.uint32): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.int64)}
 MOVES_ONLY = frozenset({RequestType.BROADCAST, RequestType.ALLGATHER, RequestType.ALLTOALL})
 
 
@@ -114,29 +111,19 @@ def view(tensor: Any, opname: str, kind: RequestType, op: ReduceOp | None = None
                             "broadcast, allgather or alltoall them")
         key_impl, tensor = jax.random.key_impl(tensor), jax.random.key_data(tensor)
     dtype = np.dtype(tensor.dtype)
-    wire = dtype
-    if dtype in _SAME_WIDTH:
-        if kind not in MOVES_ONLY:
-            raise TypeError(f"horovodish.jax.{opname}: {dtype} cannot be reduced (of the "
-                            "unsigned types, the runtime reduces uint8 and uint16); "
-                            "broadcast, allgather and alltoall move it")
-        wire = _SAME_WIDTH[dtype]
     accelerator = _accelerator(tensor)
     # An input committed to a device gets its result there; an uncommitted one lives on
     # the default device, where an uncommitted result goes too.
     home = next(iter(tensor.devices())) if isinstance(tensor, jax.Array) and \
         tensor.committed and len(tensor.devices()) == 1 else None
     if accelerator is not None and tensor.__dlpack_device__()[0] == _CUDA and \
-            core.cuda_device(kind, wire.name, op) == DEVICE_CUDA:
+            core.cuda_device(kind, dtype.name, op) == DEVICE_CUDA:
         tensor.block_until_ready()  # JAX exposes no stream to order the collective on
         ptr = tensor.unsafe_buffer_pointer() if tensor.size else 0
         return View(DeviceArray(ptr, tensor.__dlpack_device__()[1], tuple(tensor.shape),
-                                wire, tensor), DEVICE_CUDA, home, key_impl, dtype)
-    array = np.asarray(tensor)
-    if wire != dtype:
-        array = array.view(wire)
-    return View(array, "cpu" if accelerator is None else DEVICE_CUDA_STAGED, home, key_impl,
-                dtype)
+                                dtype, tensor), DEVICE_CUDA, home, key_impl, dtype)
+    return View(np.asarray(tensor), "cpu" if accelerator is None else DEVICE_CUDA_STAGED,
+                home, key_impl, dtype)
 
 
 # -- CUDA memory -------------------------------------------------------------------------

@@ -28,7 +28,8 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     # The JAX step starts JAX's own distributed runtime: tests/jax/test_jax_bench.py.
     result = run_ranks(script, 2, args=["--json", str(out), "--plot", str(png),
                                         "--max-bytes", str(16 << 10), "--idle-rounds", "3",
-                                        "--rounds", "1", "--frameworks", "torch,tensorflow"],
+                                        "--rounds", "1", "--frameworks", "torch,tensorflow",
+                                        "--budget-scale", "0.1"],
                        timeout=300)
     assert_ok(result)
     assert "ratio to MPI_Allreduce" in result.stdout and "idle cost" in result.stdout

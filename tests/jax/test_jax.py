@@ -1,5 +1,5 @@
 """horovodish.jax on real ranks: every collective against numpy (1 and 3 ranks), every
-dtype (float64 and int64 with x64 on; uint32, uint64 and PRNG keys moved, not reduced),
+dtype (float64 and int64 with x64 on; uint32 and uint64 reduced and moved; PRNG keys moved),
 pytrees as one entry per dtype, mismatch and jit errors, DistributedOptimizer against plain
 optax on the whole batch, a rank outside a process set, elastic state (sync, commit,
 restore, a retry in the same processes); the digits example on 2 ranks."""

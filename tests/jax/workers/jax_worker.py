@@ -202,11 +202,13 @@ def outside_the_set(rank: int, size: int) -> None:
 
 
 def x64_and_every_dtype(rank: int, size: int) -> None:
-    """With x64 on: float64 and int64 through every collective, and int8, uint8, int16,
-    uint16 reduced, against numpy; uint32, uint64 and PRNG key arrays moved by broadcast,
-    allgather and alltoall, their reductions refused saying what moves them; a pytree
-    with several dtypes; a dtype that differs between ranks fails on every rank naming
-    the tensor; DistributedOptimizer in float64 equal to optax on the whole batch."""
+    """With x64 on: float64, int64, int8, uint8, int16, uint16, uint32 and uint64
+    through every reduction, allgather and broadcast, against numpy; uint32 and uint64
+    near their maximum moved bit for bit by broadcast, allgather and alltoall; PRNG key
+    arrays moved, their reductions refused; a pytree with several dtypes; a dtype that
+    differs between ranks (float32 and float64, uint32 and int32 of one width) fails on
+    every rank naming the tensor; DistributedOptimizer in float64 equal to optax on the
+    whole batch."""
     jax.config.update("jax_enable_x64", True)
     try:
         _x64_checks(rank, size)
@@ -224,7 +226,7 @@ def _values(rank: int, name: str, shape: tuple[int, ...], dtype: str) -> np.ndar
 
 def _x64_checks(rank: int, size: int) -> None:
     root = size - 1
-    for dtype in ("float64", "int64", "int8", "uint8", "int16", "uint16"):
+    for dtype in ("float64", "int64", "int8", "uint8", "int16", "uint16", "uint32", "uint64"):
         every = [_values(r, dtype, (3, 4), dtype) for r in range(size)]
         x = jnp.asarray(every[rank])
         check(x.dtype == np.dtype(dtype), f"jnp keeps {dtype} with x64 on: {x.dtype}")
@@ -243,7 +245,7 @@ def _x64_checks(rank: int, size: int) -> None:
         close(np.asarray(got), np.concatenate(rows), f"{dtype} allgather")
         got = hvd.broadcast(x, root, name=f"x64.{dtype}.broadcast")
         close(np.asarray(got), every[root], f"{dtype} broadcast from rank {root}")
-    for dtype in ("uint32", "uint64"):  # moved bit for bit, never reduced
+    for dtype in ("uint32", "uint64"):  # bit for bit, where a signed type would be negative
         every = [np.arange(4, dtype=dtype) + np.iinfo(dtype).max - 10 * r for r in range(size)]
         x = jnp.asarray(every[rank])
         check(x.dtype == np.dtype(dtype), f"jnp keeps {dtype}: {x.dtype}")
@@ -255,8 +257,6 @@ def _x64_checks(rank: int, size: int) -> None:
         got = hvd.alltoall(jnp.asarray(np.repeat(every[rank], size)), name=f"x64.{dtype}.a2a")
         close(np.asarray(got), np.concatenate([np.repeat(e, size)[4 * rank:4 * rank + 4]
                                                for e in every]), f"{dtype} alltoall")
-        expect_error(lambda: hvd.allreduce(x, op=hvd.Sum), TypeError, dtype,
-                     "broadcast, allgather and alltoall move it", what=f"allreduce of {dtype}")
     keys = jax.random.split(jax.random.key(rank), 2)
     every = [np.asarray(jax.random.key_data(jax.random.split(jax.random.key(r), 2)))
              for r in range(size)]
@@ -281,6 +281,10 @@ def _x64_checks(rank: int, size: int) -> None:
                      "dtype", what="a pytree whose dtype differs between ranks")
         expect_error(lambda: hvd.allreduce(mixed, name="mixed.array"), Exception,
                      "mixed.array", "dtype", what="an array whose dtype differs between ranks")
+        same_width = jnp.ones(3, jnp.uint32 if rank == 0 else jnp.int32)
+        expect_error(lambda: hvd.broadcast(same_width, 0, name="mixed.width"), Exception,
+                     "mixed.width", "uint32", "int32",
+                     what="a broadcast of uint32 on rank 0 and int32 on the others")
         close(np.asarray(hvd.allreduce(jnp.ones(2), op=hvd.Sum, name="x64.after")),
               np.full(2, float(size)), "the runtime works after a mismatch")
     # DistributedOptimizer in float64 (numpy's parameters: jax.random compiles per shape)

@@ -380,3 +380,5 @@ if __name__ == "__main__":
                     aggregation, value_collectives], hvd.rank(), hvd.size(),
                    Path(hvd.broadcast_object(local, root_rank=0)))
         hvd.barrier()  # rank 0's directory outlives the others' use of it
+    import elastic_checks  # hvd.elastic's, in this job: TensorFlow's import costs seconds
+    run_checks(elastic_checks.CHECKS, hvd.rank(), hvd.size())

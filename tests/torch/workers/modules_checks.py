@@ -2,7 +2,7 @@
 
 Every rank's data is a pure function of (rank, name), so each rank builds the whole
 batch and runs torch's own BatchNorm on it as the reference. Named checks
-(tests/worker_support.py).
+(tests/worker_support.py), in CHECKS, run by training_worker.py.
 """
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import zlib
 import torch
 from torch import nn
 
-from worker_support import check, expect_error, run_checks  # noqa: E402
+from worker_support import check, expect_error  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402
-from torch_staging import staging_checks  # noqa: E402
 
 
 def data(rank: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -162,8 +161,4 @@ def optimizer_buffer_sync(rank: int, size: int) -> None:
     check(int(model[1].num_batches_tracked) == 1, "opt: batches tracked broadcast")
 
 
-if __name__ == "__main__":
-    checks = [sync_batch_norm, buffer_strategies, optimizer_buffer_sync, *staging_checks()]
-    hvd.init()
-    torch.set_num_threads(1)
-    run_checks(checks, hvd.rank(), hvd.size())
+CHECKS = [sync_batch_norm, buffer_strategies, optimizer_buffer_sync]

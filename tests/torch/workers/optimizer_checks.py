@@ -3,7 +3,8 @@
 The reference for every training check is plain torch in this same process on the whole
 batch (every rank can build every rank's shard: the data is a pure function of the step),
 so N ranks with 1/N of the batch each must land on the reference's weights.
-Named checks (tests/worker_support.py): a failure is reported, and the next check runs.
+Named checks (tests/worker_support.py), in CHECKS, run by training_worker.py: a failure
+is reported, and the next check runs.
 """
 from __future__ import annotations
 
@@ -17,11 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker_support import check, close, expect_error, run_checks  # noqa: E402
+from worker_support import check, close, expect_error  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402
 from horovodish.torch import mpi_ops  # noqa: E402
-from torch_staging import staging_checks  # noqa: E402
 
 BATCH = 24  # divisible by 1, 2, 3, 4 and 6 ranks, and by 2 micro-batches on each
 STEPS = 15
@@ -910,9 +910,3 @@ CHECKS = [equivalence, gradient_identity, branch_on_one_rank, sparse, sparse_ada
           scheduler_built_before_wrapping, learned_order, learned_order_follows_use,
           overlap_with_backward, flat_bucket_views, changed_graph, reordered_backward,
           backward_twice_before_step]
-
-if __name__ == "__main__":
-    checks = [*CHECKS, *staging_checks()]
-    hvd.init()
-    torch.set_num_threads(1)
-    run_checks(checks, hvd.rank(), hvd.size())

@@ -2,8 +2,8 @@
 against numpy: gradients (the broadcast's on a non-root rank once hung both ranks),
 Horovod's error types, in-place broadcasts, broadcast_global_variables, barrier, sparse
 averages. Each graph is built the same way on every rank, as Horovod's tests build theirs.
-Each is a named check (tests/worker_support.py): a failure is reported and the next check
-still runs.
+Each is a named check (tests/worker_support.py), in CHECKS; collectives_worker.py runs
+them after its eager ones, in the same job (TensorFlow's import costs seconds per rank).
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import signal
 import time
 
 import numpy as np
-from checks import F64_TOL, quiet_tensorflow
-from worker_support import check, close, expect_error, run_checks  # noqa: E402
+from checks import F64_TOL
+from worker_support import check, close, expect_error  # noqa: E402
 
 import tensorflow as tf  # noqa: E402  (checks quiets TF first)
 
@@ -263,8 +263,5 @@ def interrupt(rank: int, size: int) -> None:
                              np.full(2, size), "a graph after the interrupted one", tol=F64_TOL))
 
 
-if __name__ == "__main__":
-    quiet_tensorflow()
-    hvd.init()
-    run_checks([broadcast_gradient, reducescatter_gradient, errors, variables, sparse_average,
-                legacy_optimizer, legacy_optimizer_accumulates, interrupt], hvd.rank(), hvd.size())
+CHECKS = [broadcast_gradient, reducescatter_gradient, errors, variables, sparse_average,
+          legacy_optimizer, legacy_optimizer_accumulates, interrupt]

@@ -4,7 +4,8 @@ Each rank's input x_r and upstream weight w_r are pure functions of (rank, name)
 rank can compute the gradient of loss = sum_r <w_r, op(x)_r> for its own input: the exact
 one, or Horovod's definition where it differs (allgather and broadcast average the
 upstream gradients over ranks; reducescatter scales them, see docs/api.md).
-Each collective's gradients are a named check (tests/worker_support.py).
+Each collective's gradients are a named check (tests/worker_support.py), in CHECKS, run
+by training_worker.py.
 """
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ import zlib
 
 import torch
 
-from worker_support import check, close, run_checks  # noqa: E402
+from worker_support import check, close  # noqa: E402
 
 import horovodish.torch as hvd  # noqa: E402
-from torch_staging import staging_checks  # noqa: E402
 
 
 def data(rank: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -165,9 +165,6 @@ def no_grad_paths(rank: int, size: int) -> None:
     check(not y.requires_grad and y.shape == (size, 2), "plain allgather")
 
 
-if __name__ == "__main__":
-    checks = [allreduce_gradients, allgather_gradients, grouped_allgather_gradients,
-              broadcast_gradients, alltoall_gradients, reducescatter_gradients,
-              grouped_reducescatter_gradients, no_grad_paths, *staging_checks()]
-    hvd.init()
-    run_checks(checks, hvd.rank(), hvd.size())
+CHECKS = [allreduce_gradients, allgather_gradients, grouped_allgather_gradients,
+          broadcast_gradients, alltoall_gradients, reducescatter_gradients,
+          grouped_reducescatter_gradients, no_grad_paths]

@@ -3,15 +3,16 @@
 Every rank also computes the reference itself (numpy, or plain Keras without
 horovodish), so each check compares the elastic result with an independent computation.
 A failure is a deliberate mismatch (rank-dependent shapes under one name), which raises
-on every rank, as a lost peer would. Each part is a named check (tests/worker_support.py).
+on every rank, as a lost peer would. Each part is a named check (tests/worker_support.py),
+in CHECKS; keras_worker.py runs them after its own, in the same job (TensorFlow's import
+costs seconds per rank), last because a retry re-initializes horovodish.
 """
 from __future__ import annotations
 
 import warnings
 
 import numpy as np
-from checks import quiet_tensorflow
-from worker_support import check, close, run_checks, same_on_every_rank  # noqa: E402
+from worker_support import check, close, same_on_every_rank  # noqa: E402
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -268,7 +269,4 @@ def sync(rank: int, size: int) -> None:
     same_arrays_on_every_rank([np.asarray(v) for v in optimizer.variables], "sync: optimizer")
 
 
-if __name__ == "__main__":
-    quiet_tensorflow()
-    hvd.init()
-    run_checks([sync, epoch_numbering, tensorflow_state, keras_fit], hvd.rank(), hvd.size())
+CHECKS = [sync, epoch_numbering, tensorflow_state, keras_fit]
