@@ -40,6 +40,14 @@ def sharing_cost(comm: MPI.Comm) -> float | None:
     return times["after rank 1 read it"] / times["alone"] if times else None
 
 
+def _per_call(comm: MPI.Comm, args: argparse.Namespace) -> list[dict]:
+    from .. import torch as hvd
+    from .per_call import SIZES, per_call
+    from .training import process_group
+    with process_group(hvd):
+        return per_call(comm, tuple(s for s in SIZES if s <= args.max_bytes), args.rounds)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m horovodish.bench",
                                      description=sys.modules[__package__].__doc__,
@@ -89,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         from .training import many_tensor_step, training_step
         figures["training"] = training_step(comm, rounds=args.rounds + 2)
         figures["many_tensors"] = many_tensor_step(comm, rounds=args.rounds + 2)
+        figures["per_call"] = _per_call(comm, args)
     if not args.no_training and "jax" in frameworks:
         from . import jax_training
         if comm.allreduce(jax_training.available(), op=MPI.LAND):

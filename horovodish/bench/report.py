@@ -71,6 +71,9 @@ def print_report(size: int, figures: dict) -> None:
         print("  sharded (ZeRO stage 2) against DDP with torch's ZeroRedundancyOptimizer:")
         _print_many(many["sharded"], {"horovodish DistributedOptimizer": "horovodish sharded",
                                       "torch DDP (gloo)": "DDP + ZeroRedundancyOptimizer"})
+    if figures.get("per_call"):
+        from .per_call import print_rows as print_per_call
+        print_per_call(figures["per_call"], "gloo")
     idle = figures["idle"]
     print(f"\nidle cost: the idle runtime thread uses {idle['runtime_thread_cpu_percent']:.2f}% "
           f"of a core while a compute-bound loop runs; the loop runs "

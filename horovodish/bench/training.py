@@ -44,13 +44,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def _gloo(hvd) -> Iterator[None]:
-    """torch.distributed on gloo over loopback, beside horovodish, for DDP's side."""
+def process_group(hvd, backend: str = "gloo") -> Iterator[None]:
+    """torch.distributed beside horovodish, for DDP's side: gloo over loopback, or NCCL
+    (each rank on its local GPU)."""
     import torch.distributed as dist
     port = hvd.broadcast_object(free_port() if hvd.rank() == 0 else None, root_rank=0,
-                                name="bench.gloo.port")
+                                name=f"bench.{backend}.port")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
                             rank=hvd.rank(), world_size=hvd.size())
     try:
         yield
@@ -58,29 +59,37 @@ def _gloo(hvd) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def _side_by_side(comm: MPI.Comm, build, batch: int, features: int, classes: int,
-                  rounds: int, budget: float, tag: str = "",
-                  sharded: bool = False) -> tuple[dict, dict[str, list[float]]]:
+def ddp_name(backend: str) -> str:
+    return f"torch DDP ({backend})"
+
+
+def _side_by_side(comm: MPI.Comm, build, batch: int, input_shape: tuple[int, ...],
+                  classes: int, rounds: int, budget: float, tag: str = "",
+                  sharded: bool = False, device: str = "cpu",
+                  backend: str = "gloo") -> tuple[dict, dict[str, list[float]]]:
     """The same model (``build()``), data and SGD under DistributedOptimizer, DDP and no
     communication (sharded: DistributedOptimizer(shard_optimizer_state=True) and DDP
     with torch's ZeroRedundancyOptimizer), timed in alternating rounds: our model and
-    optimizer, and seconds per step of each."""
+    optimizer, and seconds per step of each. On a CUDA device every step ends with the
+    device's work done (torch.cuda.synchronize), for every contender alike."""
     import torch
     import torch.nn.functional as F
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from .. import torch as hvd
     gen = torch.Generator().manual_seed(1 + hvd.rank())
-    data = torch.randn(batch, features, generator=gen)
-    target = torch.randint(0, classes, (batch,), generator=gen)
-    ours_model = build()
+    data = torch.randn(batch, *input_shape, generator=gen).to(device)
+    target = torch.randint(0, classes, (batch,), generator=gen).to(device)
+    ours_model = build().to(device)
     ours = hvd.DistributedOptimizer(
         torch.optim.SGD(ours_model.parameters(), lr=0.01), shard_optimizer_state=sharded,
         named_parameters=[(f"{tag}{n}", p) for n, p in ours_model.named_parameters()])
-    ddp_model = torch.nn.parallel.DistributedDataParallel(build())
+    on_gpu = torch.device(device).type == "cuda"
+    ddp_model = torch.nn.parallel.DistributedDataParallel(
+        build().to(device), device_ids=[torch.device(device).index] if on_gpu else None)
     ddp = ZeroRedundancyOptimizer(ddp_model.parameters(), torch.optim.SGD, lr=0.01) \
         if sharded else torch.optim.SGD(ddp_model.parameters(), lr=0.01)
-    local_model = build()
+    local_model = build().to(device)
     local = torch.optim.SGD(local_model.parameters(), lr=0.01)
 
     def stepper(model, optimizer):
@@ -88,14 +97,16 @@ def _side_by_side(comm: MPI.Comm, build, batch: int, features: int, classes: int
             optimizer.zero_grad()
             F.cross_entropy(model(data), target).backward()
             optimizer.step()
+            if on_gpu:
+                torch.cuda.synchronize()
         return step
-    contenders = {OURS: stepper(ours_model, ours), DDP: stepper(ddp_model, ddp),
+    contenders = {OURS: stepper(ours_model, ours), ddp_name(backend): stepper(ddp_model, ddp),
                   BOUND: stepper(local_model, local)}
     return ({"model": ours_model, "optimizer": ours, "data": data, "target": target},
             alternating(contenders, comm, rounds, budget))
 
 
-OURS, DDP, BOUND = "horovodish DistributedOptimizer", "torch DDP (gloo)", "no communication"
+OURS, DDP, BOUND = "horovodish DistributedOptimizer", ddp_name("gloo"), "no communication"
 
 
 def training_step(comm: MPI.Comm, widths: list[int] | None = None, batch: int = 64,
@@ -108,8 +119,8 @@ def training_step(comm: MPI.Comm, widths: list[int] | None = None, batch: int = 
     from .. import torch as hvd
     widths = widths or [784, 1024, 1024, 10]
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
-    with _gloo(hvd):
-        ours, times = _side_by_side(comm, lambda: _mlp(torch, widths), batch, widths[0],
+    with process_group(hvd):
+        ours, times = _side_by_side(comm, lambda: _mlp(torch, widths), batch, (widths[0],),
                                     widths[-1], rounds, budget)
         rate = {key: 1.0 / statistics.median(values) for key, values in times.items()}
         ratios = {
@@ -140,22 +151,36 @@ def many_tensor_step(comm: MPI.Comm, batch: int = 32, rounds: int = 5,
     torch.set_num_threads(1)
     rows = {}
     try:
-        with _gloo(hvd):
+        with process_group(hvd):
             for key, sharded in (("replicated", False), ("sharded", True)):
-                ours, times = _side_by_side(comm, lambda: many_tensor_model(torch), batch,
-                                            64, 10, rounds, budget, f"many.{key}.", sharded)
-                rows[key] = _added_per_tensor(ours["model"], times)
+                rows[key] = against_ddp(comm, lambda: many_tensor_model(torch), batch, (64,),
+                                        10, rounds, budget, f"many.{key}.", sharded)
     finally:
         torch.set_num_threads(threads)
     return {"parameter_tensors": rows["replicated"]["parameter_tensors"],
             "batch_per_rank": batch, **rows["replicated"], "sharded": rows["sharded"]}
 
 
-def _added_per_tensor(model, times: dict[str, list[float]]) -> dict:
+def against_ddp(comm: MPI.Comm, build, batch: int, input_shape: tuple[int, ...],
+                classes: int, rounds: int = 5, budget: float = 0.3, tag: str = "",
+                sharded: bool = False, device: str = "cpu", backend: str = "gloo") -> dict:
+    """One model (``build()``) under DistributedOptimizer, DDP and no communication, in
+    torch.distributed's process group (``process_group(hvd, backend)``, entered by the
+    caller): ms per step of each, the host time each reducer adds per parameter tensor,
+    and horovodish's added time over DDP's (medians of the rounds, and their ranges)."""
+    ours, times = _side_by_side(comm, build, batch, input_shape, classes, rounds, budget,
+                                tag, sharded, device, backend)
+    row = _added_per_tensor(ours["model"], times, ddp_name(backend))
+    steps = {key: statistics.median(values) for key, values in times.items()}
+    row["ours_over_ddp_step"] = steps[OURS] / steps[ddp_name(backend)]
+    return row
+
+
+def _added_per_tensor(model, times: dict[str, list[float]], ddp: str = DDP) -> dict:
     tensors = sum(1 for p in model.parameters() if p.requires_grad)
     added = {key: [(t - b) / tensors for t, b in zip(times[key], times[BOUND])]
-             for key in (OURS, DDP)}
-    ratio = [o / d if d > 0 else float("inf") for o, d in zip(added[OURS], added[DDP])]
+             for key in (OURS, ddp)}
+    ratio = [o / d if d > 0 else float("inf") for o, d in zip(added[OURS], added[ddp])]
     return {"parameter_tensors": tensors,
             "ms_per_step": {key: statistics.median(v) * 1e3 for key, v in times.items()},
             "ms_per_step_range": {key: [min(v) * 1e3, max(v) * 1e3]

@@ -86,6 +86,14 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
             assert step_low <= row["ms_per_step"][key] <= step_high
         low, high = row["ours_added_over_ddp_added_range"]
         assert low <= row["ours_added_over_ddp_added"] <= high
+    per_call = figures["per_call"]  # against torch.distributed on gloo, up to --max-bytes
+    assert [row["bytes"] for row in per_call] == [4 << 10], per_call
+    for row in per_call:
+        assert row["ours_s"] > 0 and row["theirs_s"] > 0
+        low, high = row["ours_over_theirs_s_range"]
+        assert low <= row["ours_over_theirs_s"] <= high
+    assert "per call: horovodish allreduce_ against torch.distributed.all_reduce (gloo)" \
+        in result.stdout
     assert png.stat().st_size > 1000
     idle = figures["idle"]
     share = idle["runtime_thread_cpu_percent"]

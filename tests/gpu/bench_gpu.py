@@ -6,10 +6,20 @@
 2. one-rank NCCL allreduce of 64 MiB through the runtime against the raw CuPy NCCL
    call on the same buffer (target: within 10%);
 3. a ResNet-50 training step with DistributedOptimizer against without (target:
-   within 5%).
+   within 5%);
+4. against torch DDP on NCCL, side by side in the job (horovodish.bench.training's
+   ``against_ddp``, alternating rounds): ResNet-50 at batch 32 and 128 and the
+   162-tensor model, ms per step of DistributedOptimizer, DDP and no communication
+   (target at batch 32: horovodish's step within 1% of DDP's); and one synchronous
+   allreduce per call against ``torch.distributed.all_reduce``, 4 KiB to 64 MiB
+   (horovodish.bench.per_call; target: host time at most 2x theirs for small calls).
 
-Run at one rank with HOROVODISH_GPU_OPERATIONS=nccl (run_on_gpu.sh does). GPU times
-come from CUDA events; each figure is the median of several repetitions.
+    python tests/gpu/bench_gpu.py figures.json            # 1 to 4 at one rank
+    horovodishrun -np 2 python tests/gpu/distinct_hosts.py tests/gpu/bench_gpu.py \
+        figures-2.json --against-ddp-only                   # 4 at two NCCL ranks
+
+Run with HOROVODISH_GPU_OPERATIONS=nccl (run_on_gpu.sh does both). GPU times come from
+CUDA events; each figure is the median of several repetitions.
 """
 from __future__ import annotations
 
@@ -284,23 +294,63 @@ def training_step(batch: int = 32) -> dict:
             "target": 1.05, "met": ratio <= 1.05}
 
 
+def against_ddp() -> dict:
+    """DistributedOptimizer against torch DDP on NCCL and no communication, in one job:
+    ResNet-50 at batch 32 and 128, the 162-tensor model at batch 32; then one call at a
+    time against torch.distributed.all_reduce."""
+    from mpi4py import MPI
+
+    from horovodish.bench.per_call import per_call
+    from horovodish.bench.training import against_ddp as compare
+    from horovodish.bench.training import many_tensor_model, process_group
+    from gpu.resnet50 import resnet50 as build  # noqa: E402
+    device = f"cuda:{torch.cuda.current_device()}"
+    comm = MPI.COMM_WORLD
+    figures: dict = {}
+    with process_group(hvd, "nccl"):
+        for name, model, batch, shape, classes in (
+                ("resnet50_batch32", build, 32, (3, 224, 224), 1000),
+                ("resnet50_batch128", build, 128, (3, 224, 224), 1000),
+                ("many_tensors_batch32", lambda: many_tensor_model(torch), 32, (64,), 10)):
+            try:
+                row = compare(comm, model, batch, shape, classes, rounds=3, budget=0.5,
+                              tag=f"{name}.", device=device, backend="nccl")
+                if name == "resnet50_batch32":
+                    row.update(target=1.01, met=row["ours_over_ddp_step"] <= 1.01)
+                figures[name] = row
+            except Exception as exc:  # noqa: BLE001 (one failed figure keeps the others)
+                figures[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            if hvd.rank() == 0:
+                sys.stdout.write(f"against DDP, {name}: {json.dumps(figures[name])}\n")
+        rows = per_call(comm, device=device)
+        small = [r for r in rows if r["bytes"] <= 64 << 10]
+        figures["per_call"] = {"rows": rows, "target_small_host": 2.0, "met": all(
+            r["ours_over_theirs_host_s"] <= 2.0 for r in small)}
+    return figures
+
+
 def main() -> None:
     hvd.init()
     torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     out = Path(sys.argv[1])
     figures = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "ranks": hvd.size()}
-    for name, measure in (("fusion_kernel", fusion_kernel),
-                          ("allreduce_64MiB", allreduce_overhead),
-                          ("host_costs_us", host_costs),
-                          ("resnet50_step", training_step),
-                          ("resnet50_step_batch128", lambda: training_step(128))):
+    measures = (("fusion_kernel", fusion_kernel),
+                ("allreduce_64MiB", allreduce_overhead),
+                ("host_costs_us", host_costs),
+                ("resnet50_step", training_step),
+                ("resnet50_step_batch128", lambda: training_step(128)),
+                ("against_ddp", against_ddp))
+    if "--against-ddp-only" in sys.argv[2:]:
+        measures = measures[-1:]
+    for name, measure in measures:
         try:
             figures[name] = measure()
         except Exception as exc:  # one failed figure must not lose the others
             figures[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        out.write_text(json.dumps(figures, indent=2))  # after each: a kill keeps the rest
-        sys.stdout.write(f"{name}: {json.dumps(figures[name])}\n")
+        if hvd.rank() == 0:  # after each: a kill keeps the rest
+            out.write_text(json.dumps(figures, indent=2))
+            sys.stdout.write(f"{name}: {json.dumps(figures[name])}\n")
     if hvd.rank() == 0:  # a record beside figures.json: copy it into docs/records
         from horovodish.bench import records
         gpu = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
@@ -310,7 +360,8 @@ def main() -> None:
             gpu["nccl"] = f"{version // 10000}.{version % 10000 // 100}.{version % 100}"
         except Exception:  # noqa: BLE001 (a record without NCCL's version is still one)
             pass
-        path = records.write(out.parent, "gpu", figures, "bash tests/gpu/run_on_gpu.sh",
+        kind = "gpu" if len(measures) > 1 else f"gpu-against-ddp-{hvd.size()}-ranks"
+        path = records.write(out.parent, kind, figures, "bash tests/gpu/run_on_gpu.sh",
                              extra_machine=gpu)
         sys.stdout.write(f"record: {path}\n")
     hvd.shutdown()

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU checks, in one run on a machine with a GPU (stage limits add up to about
-# 9 minutes; passing runs took 74 to 89 s on an H100 at one NCCL rank):
+# 11 minutes; passing runs of the one-rank stages took 74 to 89 s on an H100):
 #   bash tests/gpu/run_on_gpu.sh          # from the repository root; results in $RESULTS
 # Expects the machine's own stack (no package registry needed): python3 with torch (CUDA),
 # CuPy with NCCL, mpi4py on Open MPI, pytest (and pytest-xdist, to run the 1-, 2- and
 # 4-rank jobs side by side); installs this checkout without dependencies. JAX arrays on
 # the GPU (tests/gpu/test_jax_gpu.py) are checked where JAX with CUDA and optax are
 # installed too, and skipped, saying so, where they are not.
-# Every stage is time-limited and logged, and a failure does not stop the next. Only
-# three files are written: $RESULTS/summary.txt (each stage's exit code, seconds and
-# last lines), $RESULTS/gpu.log (the summary, then every stage's whole log) and
-# $RESULTS/figures.json (the benchmark's figures). SKIP_INSTALL=1 skips the install stage.
+# Every stage is time-limited and logged, and a failure does not stop the next. Written:
+# $RESULTS/summary.txt (each stage's exit code, seconds and last lines), $RESULTS/gpu.log
+# (the summary, then every stage's whole log), $RESULTS/figures.json and
+# figures-2-ranks.json (the benchmark's figures at one and two ranks) and their records. SKIP_INSTALL=1 skips the install stage.
 set -u
 cd "$(dirname "$0")/../.."
 RESULTS=${RESULTS:-${OUT:-$PWD/gpu-out}}
@@ -71,15 +71,19 @@ if ! command -v mpirun > /dev/null && ! [ -x "$(dirname "$($PY -c 'import sys; p
         XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" tests/gpu/workers/jax_gpu_worker.py
     stage bench 150 env HOROVODISH_GPU_OPERATIONS=nccl \
         "$PY" tests/gpu/bench_gpu.py "$RESULTS/figures.json"
-elif "$PY" -c "import pytest, xdist" 2>/dev/null; then
-    # The kernel tests and the three jobs (1 rank NCCL, 2 and 4 ranks staged) side by side.
-    stage tests 240 "$PY" -m pytest -q -p no:cacheprovider -n 7 -rA tests/gpu
-    stage bench 150 env HOROVODISH_GPU_OPERATIONS=nccl \
-        "$PY" -m horovodish.launcher -np 1 "$PY" tests/gpu/bench_gpu.py "$RESULTS/figures.json"
 else
-    stage tests 300 "$PY" -m pytest -q -p no:cacheprovider -rA tests/gpu
+    if "$PY" -c "import pytest, xdist" 2>/dev/null; then
+        # The kernel tests and the rank jobs (NCCL, staged, faults) side by side.
+        stage tests 240 "$PY" -m pytest -q -p no:cacheprovider -n 7 -rA tests/gpu
+    else
+        stage tests 300 "$PY" -m pytest -q -p no:cacheprovider -rA tests/gpu
+    fi
     stage bench 150 env HOROVODISH_GPU_OPERATIONS=nccl \
         "$PY" -m horovodish.launcher -np 1 "$PY" tests/gpu/bench_gpu.py "$RESULTS/figures.json"
+    # Against torch DDP on NCCL at two ranks on the one GPU (each its own NCCL host id).
+    stage bench_2_ranks 150 env HOROVODISH_GPU_OPERATIONS=nccl \
+        "$PY" -m horovodish.launcher -np 2 "$PY" tests/gpu/distinct_hosts.py \
+        tests/gpu/bench_gpu.py "$RESULTS/figures-2-ranks.json" --against-ddp-only
 fi
 
 cp "$RESULTS/summary.txt" "$RESULTS/gpu.log"

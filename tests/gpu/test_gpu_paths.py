@@ -1,7 +1,7 @@
 """Every collective on CUDA tensors, stream-correct completion and DistributedOptimizer,
 on NCCL at 1 rank, on NCCL between 2 and 4 ranks on the one GPU (each rank with its own
-NCCL_HOSTID: distinct_hosts.py), and host-staged (2 and 4 ranks). Skipped without a GPU
-(conftest.py)."""
+NCCL_HOSTID: distinct_hosts.py), host-staged (2 and 4 ranks), and host-staged through the
+hierarchical allreduce (4 ranks as two hosts). Skipped without a GPU (conftest.py)."""
 from __future__ import annotations
 
 import os
@@ -20,12 +20,19 @@ CHECKS = ["the_path_is_the_one_chosen", "allreduce_every_op_and_dtype",
 
 
 @pytest.mark.parametrize("np,path", [(1, "nccl"), (1, "default"), (2, "nccl"), (4, "nccl"),
-                                     (2, "mpi"), (4, "mpi")])
+                                     (2, "mpi"), (4, "mpi"), (4, "hierarchical")])
 def test_cuda_tensors(np, path):
     """default: no variable set, where CuPy's NCCL loads: the NCCL path. NCCL at several
-    ranks: each rank its own NCCL_HOSTID, so NCCL takes the ranks on one GPU for hosts."""
+    ranks: each rank its own NCCL_HOSTID, so NCCL takes the ranks on one GPU for hosts.
+    hierarchical: staged through the host, the ranks as two hosts of two (NCCL's own
+    two levels need two GPUs a host, which one GPU cannot give)."""
     env = {} if path == "default" else {"HOROVODISH_GPU_OPERATIONS": path}
+    checks = CHECKS
+    if path == "hierarchical":
+        env = {"HOROVODISH_GPU_OPERATIONS": "mpi", "HOROVODISH_HIERARCHICAL_ALLREDUCE": "1",
+               "HOROVODISH_TEST_HOSTS": "2"}
+        checks = [*CHECKS, "the_hierarchical_allreduce_is_the_one_chosen"]
     script, args = (DISTINCT_HOSTS, [WORKER]) if path == "nccl" and np > 1 else (WORKER, [])
     result = run_ranks(script, np, args=args, env=env,
                        timeout=float(os.environ.get("HOROVODISH_GPU_TEST_TIMEOUT", 240)))
-    assert_ranks_ok(result, np, CHECKS)
+    assert_ranks_ok(result, np, checks)

@@ -6,7 +6,15 @@ that name the tensor; IndexedSlices; compression; variables; objects; join; proc
 Then the same ops in tf.compat.v1 graphs run by a Session (Horovod's graph mode,
 workers/graph_checks.py): gradients (the broadcast's once hung every rank), Horovod's
 error types, in-place broadcasts, broadcast_global_variables, barrier, sparse averages,
-the legacy optimizer, a session.run interrupted by an alarm.
+the legacy optimizer, a session.run interrupted by an alarm. At 3 ranks, last, Keras
+layers across ranks (workers/layers_checks.py): SyncBatchNormalization (outputs,
+gradients, moving statistics, masks, model.fit) against one process on the whole batch;
+PartialDistributedGradientTape/Optimizer (local layers keep their own gradients, scaled
+or not) against each rank's own gradients, a local overflow under mixed_float16
+skipping the step on every rank, and the broadcast callback's local_variables; the
+``horovodish.keras`` module; Horovod's smaller names (layout ops, broadcast_object_fn,
+ignore_name_scope, use_generic_names) and the short tensor listing of a tf.function
+error.
 """
 from __future__ import annotations
 
@@ -24,6 +32,9 @@ CHECKS = ["use_before_init", "collectives", "gradients", "eager_tape_over_tf_fun
           # graph mode
           "broadcast_gradient", "reducescatter_gradient", "errors", "variables",
           "sparse_average", "legacy_optimizer", "legacy_optimizer_accumulates", "interrupt"]
+LAYERS_CHECKS = ["keras_module", "horovod_names", "partial_tape", "partial_optimizer",
+                 "aggregation_after_failure", "local_overflow_under_mixed_precision",
+                 "sync_batch_norm"]
 
 
 # 1 rank (the size-1 paths) and 3 (uneven splits, odd sizes): 2 ranks take no path of
@@ -31,5 +42,5 @@ CHECKS = ["use_before_init", "collectives", "gradients", "eager_tape_over_tf_fun
 # TensorFlow job costs seconds of imports per rank (CI time).
 @pytest.mark.parametrize("np", [1, 3])
 def test_collectives_gradients_and_errors(np):
-    result = run_ranks(WORKER, np, timeout=300)
-    assert_ranks_ok(result, np, CHECKS)
+    result = run_ranks(WORKER, np, timeout=360)
+    assert_ranks_ok(result, np, [*CHECKS, *(LAYERS_CHECKS if np > 1 else [])])

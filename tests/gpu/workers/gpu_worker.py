@@ -4,7 +4,8 @@ is the reference: tests/common checks it against Horovod's arithmetic).
 Run by tests/gpu/test_gpu_paths.py and tests/gpu/run_on_gpu.sh: at 1 rank with
 HOROVODISH_GPU_OPERATIONS=nccl and with the default; at 2 and 4 ranks on NCCL, each rank
 under tests/gpu/distinct_hosts.py (its own NCCL_HOSTID, or NCCL refuses two ranks on one
-GPU); and at 2 and 4 ranks with =mpi (host-staged) on the one GPU.
+GPU); at 2 and 4 ranks with =mpi (host-staged) on the one GPU; and at 4 ranks staged,
+as two hosts of two ranks (tests/mpi_variants.py), through the hierarchical allreduce.
 """
 from __future__ import annotations
 
@@ -179,10 +180,21 @@ def distributed_optimizer_matches_one_process(rank: int, size: int) -> None:
           f"no reduction was in flight during backward ({in_flight}): no overlap")
 
 
+def the_hierarchical_allreduce_is_the_one_chosen(rank: int, size: int) -> None:
+    """With HOROVODISH_TEST_HOSTS (tests/mpi_variants.py) and the hierarchical allreduce
+    asked for: a staged CUDA tensor's allreduce goes through the two-level backend."""
+    from horovodish.common.messages import RequestType
+    operations = hvd.global_process_set.runtime.executor.operations
+    chosen = operations.choose(RequestType.ALLREDUCE, "float32", 1 << 20).name
+    check(chosen == "hierarchical", f"a 1 MiB allreduce goes through {chosen}")
+
+
 if __name__ == "__main__":
     hvd.init()
     torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
-    run_checks([the_path_is_the_one_chosen, allreduce_every_op_and_dtype,
+    hierarchical = [the_hierarchical_allreduce_is_the_one_chosen] \
+        if os.environ.get("HOROVODISH_TEST_HOSTS") else []
+    run_checks([the_path_is_the_one_chosen, *hierarchical, allreduce_every_op_and_dtype,
                 grouped_in_place_and_owned_allreduce,
                 allgather_broadcast_alltoall_reducescatter, completion_without_a_host_wait,
                 distributed_optimizer_matches_one_process], hvd.rank(), hvd.size())

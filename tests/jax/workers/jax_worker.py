@@ -133,6 +133,11 @@ def errors(rank: int, size: int) -> None:
                      "uneven", what="allreduce of different shapes")
         close(np.asarray(hvd.allreduce(jnp.ones(2), op=hvd.Sum, name="after")),
               np.full(2, float(size)), "the runtime works after a mismatch")
+        # Same sizes, one leaf transposed off the root: named, never silently reshaped.
+        tree = {"a": jnp.ones(3), "b": jnp.ones((2, 3) if rank == 0 else (3, 2))}
+        expect_error(lambda: hvd.broadcast_parameters(tree, root_rank=0), Exception,
+                     "broadcast_parameters.1", "shape",
+                     what="broadcast_parameters of a leaf whose shape differs between ranks")
     expect_error(lambda: hvd.DistributedOptimizer(optax.sgd(0.1), op=hvd.Max), ValueError,
                  "op=Average or Sum", what="DistributedOptimizer(op=Max)")
 

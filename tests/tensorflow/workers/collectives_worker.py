@@ -626,10 +626,14 @@ def gradients_outside_the_set(rank: int, size: int) -> None:
 
 if __name__ == "__main__":
     quiet_tensorflow()
-    import graph_checks  # Horovod's graph mode, in this job: TF's import costs seconds
+    # Horovod's graph mode, and Keras layers across ranks, in this job: TensorFlow's
+    # import costs seconds per rank.
+    import graph_checks
+    import layers_checks
+    size = MPI.COMM_WORLD.Get_size()
     run_checks([use_before_init, collectives, gradients, eager_tape_over_tf_function,
                 second_order, mismatch, sparse_and_compression, variables_and_objects,
                 process_set, results_kept_across_calls, odd_sized_groups, tape_flat_buckets,
-                gradients_outside_the_set, *graph_checks.CHECKS],
-               MPI.COMM_WORLD.Get_rank(),
-               MPI.COMM_WORLD.Get_size())
+                gradients_outside_the_set, *graph_checks.CHECKS,
+                *(layers_checks.CHECKS if size > 1 else [])],
+               MPI.COMM_WORLD.Get_rank(), size)

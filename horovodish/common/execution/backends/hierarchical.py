@@ -45,6 +45,12 @@ PIECE_BYTES = 8 << 20
 CROSS_RING_BYTES = 256 << 10
 
 
+def host_communicator(comm: MPI.Comm) -> MPI.Comm:
+    """The ranks of comm on this rank's host, in rank order (MPI's shared-memory split).
+    Collective over comm."""
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+
+
 class Topology:
     """Where the ranks of a communicator sit: the communicators of this rank's host
     (local) and of its peers of the same local rank on the other hosts (cross).
@@ -52,7 +58,7 @@ class Topology:
 
     def __init__(self, comm: MPI.Comm) -> None:
         rank = comm.Get_rank()
-        self.local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        self.local = host_communicator(comm)
         self.cross = comm.Split(self.local.Get_rank(), key=rank)
         self.local_sizes: list[int] = comm.allgather(self.local.Get_size())
         self.hosts = sum(1 for s in comm.allgather(self.local.Get_rank() == 0) if s)

@@ -1,13 +1,14 @@
 """SyncBatchNormalization, the Partial (local-layer) tape and optimizer, and the
 ``horovodish.keras`` module, on every rank against references computed in-process
 without collectives: one process on the whole batch, or this rank's own gradients.
-Each is a named check (tests/worker_support.py).
+Each is a named check (tests/worker_support.py), in CHECKS; collectives_worker.py runs
+them last in its jobs of two ranks or more (TensorFlow's import costs seconds per rank).
 """
 from __future__ import annotations
 
 import numpy as np
-from checks import F64_TOL, quiet_tensorflow
-from worker_support import (check, close, expect_error, run_checks,  # noqa: E402
+from checks import F64_TOL
+from worker_support import (check, close, expect_error,  # noqa: E402
                             same_on_every_rank)
 
 import keras  # noqa: E402
@@ -346,9 +347,5 @@ def horovod_names(rank: int, size: int) -> None:
           mean * size, "the next collective works", tol=F64_TOL)
 
 
-if __name__ == "__main__":
-    quiet_tensorflow()
-    hvd.init()
-    run_checks([keras_module, horovod_names, partial_tape, partial_optimizer,
-                aggregation_after_failure, local_overflow_under_mixed_precision,
-                sync_batch_norm], hvd.rank(), hvd.size())
+CHECKS = [keras_module, horovod_names, partial_tape, partial_optimizer,
+          aggregation_after_failure, local_overflow_under_mixed_precision, sync_batch_norm]
