@@ -175,10 +175,49 @@ def _gpu_history(folder: Path) -> str:
          "ResNet-50 b32 / plain", "ResNet-50 b128 / plain"], rows)
 
 
+def _against_ddp(record: dict[str, Any]) -> str:
+    """A GPU record's comparison with torch DDP on NCCL (bench_gpu.py's against_ddp)."""
+    f = record["figures"]
+    section = f.get("against_ddp")
+    if not section:
+        return _source(record) + "\nThis record has no comparison with DDP.\n"
+    if "error" in section:
+        return _source(record) + f"\nThe comparison failed: {section['error']}\n"
+    ours, bound = "horovodish DistributedOptimizer", "no communication"
+    ddp = "torch DDP (nccl)"
+    rows = []
+    for name in ("resnet50_batch32", "resnet50_batch128", "many_tensors_batch32"):
+        row = section.get(name, {})
+        if "ms_per_step" not in row:
+            rows.append([name, *["-"] * 6, row.get("error", "not measured")])
+            continue
+        step, added = row["ms_per_step"], row["added_us_per_tensor"]
+        rows.append([name, f"{step[bound]:.2f}", f"{step[ddp]:.2f}", f"{step[ours]:.2f}",
+                     f"{row['ours_over_ddp_step']:.3f}", f"{added[ddp]:.1f}",
+                     f"{added[ours]:.1f}", "met" if row.get("met") else
+                     ("not met" if "met" in row else "")])
+    out = [_source(record), f"\n{f.get('ranks', 1)} rank(s) on {f.get('device', '?')}, "
+           "one job, alternating rounds:\n\n",
+           _table(["model", "plain ms", "DDP ms", "horovodish ms", "horovodish / DDP",
+                   "DDP adds µs/tensor", "horovodish adds µs/tensor", "≤ 1.01 at b32"], rows)]
+    calls = section.get("per_call", {}).get("rows", [])
+    if calls:
+        out.append("\nOne synchronous allreduce per call against "
+                   "`torch.distributed.all_reduce` (below 1 is faster):\n\n")
+        out.append(_table(["bytes", "horovodish µs", "torch.distributed µs", "completed",
+                           "host time"], [
+            [c["bytes"], f"{c['ours_s'] * 1e6:.1f}", f"{c['theirs_s'] * 1e6:.1f}",
+             f"{c['ours_over_theirs_s']:.2f}×",
+             f"{c['ours_over_theirs_host_s']:.2f}×" if "ours_over_theirs_host_s" in c
+             else "-"] for c in calls]))
+    return "".join(out)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "bench": _bench, "horovod-suites": _horovod_suites, "gpu": _gpu, "bench-jax": _bench_jax}
+    "bench": _bench, "horovod-suites": _horovod_suites, "gpu": _gpu, "bench-jax": _bench_jax,
+    "gpu-against-ddp": _against_ddp, "gpu-against-ddp-2-ranks": _against_ddp}
 # Blocks that show part of another kind's record: block name -> record kind.
-SOURCES = {"bench-jax": "bench"}
+SOURCES = {"bench-jax": "bench", "gpu-against-ddp": "gpu"}
 
 
 def render_text(text: str, folder: Path) -> str:

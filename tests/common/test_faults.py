@@ -47,6 +47,22 @@ def test_stall_inspector_names_tensor_and_rank_then_ends_the_job():
     assert "stall inspector" in result.stdout
 
 
+def test_a_frozen_rank_is_named_and_ends_the_job():
+    """A rank stopped by SIGSTOP runs no cycle, so the stall inspector never hears of
+    it: the rank waiting for it in negotiation names it after the check time, ends the
+    job after the shutdown time and kills it (mpirun's SIGTERM cannot end a stopped
+    process: the job used to wait for it for good)."""
+    start = time.monotonic()
+    result = run_ranks(WORKER, 3, args=["freezes"], timeout=90, env={
+        "HOROVODISH_STALL_CHECK_TIME_SECONDS": "2",
+        "HOROVODISH_STALL_SHUTDOWN_TIME_SECONDS": "4"})
+    assert time.monotonic() - start < 30, result.stdout
+    assert result.returncode != 0, result.stdout
+    assert "rank 1 has taken no part in negotiation for 2 s" in result.stdout, result.stdout
+    assert "shut down by the stall inspector: rank 1 has taken no part in negotiation" \
+        in result.stdout, result.stdout
+
+
 def test_a_rank_that_fails_while_others_add_a_process_set_ends_the_job():
     """Registration agrees through the runtime: it used to wait in a bare MPI call."""
     start = time.monotonic()

@@ -49,6 +49,29 @@ def test_the_newest_record_fills_its_block_and_check_sees_stale_docs(tmp_path: P
     assert render.main([*argv, "--check"]) == 0  # rendering again changes nothing
 
 
+def test_a_gpu_run_against_ddp_renders_its_table(tmp_path: Path):
+    """The figures bench_gpu.py's against_ddp writes (horovodish.bench.training's
+    against_ddp rows, per_call's rows) become the GPU page's table; a failed model is
+    named, not dropped."""
+    ours, ddp, plain = "horovodish DistributedOptimizer", "torch DDP (nccl)", "no communication"
+    row = {"ms_per_step": {ours: 40.4, ddp: 40.2, plain: 39.0},
+           "added_us_per_tensor": {ours: 8.7, ddp: 7.5}, "ours_over_ddp_step": 1.005,
+           "target": 1.01, "met": True}
+    call = {"bytes": 4096, "ours_s": 60e-6, "theirs_s": 40e-6, "ours_over_theirs_s": 1.5,
+            "ours_over_theirs_host_s": 1.8}
+    figures = {"ranks": 2, "device": "a GPU", "against_ddp": {
+        "resnet50_batch32": row, "resnet50_batch128": {"error": "OutOfMemoryError: x"},
+        "per_call": {"rows": [call]}}}
+    records.write(tmp_path, "gpu-against-ddp-2-ranks", figures, "bash run_on_gpu.sh")
+    text = render.render_text("<!-- records:gpu-against-ddp-2-ranks -->\n"
+                              "<!-- /records:gpu-against-ddp-2-ranks -->\n", tmp_path)
+    assert "2 rank(s) on a GPU" in text, text
+    assert "| resnet50_batch32 | 39.00 | 40.20 | 40.40 | 1.005 | 7.5 | 8.7 | met |" in text
+    assert "| resnet50_batch128 | - | - | - | - | - | - | OutOfMemoryError: x |" in text
+    assert "| many_tensors_batch32 | - | - | - | - | - | - | not measured |" in text
+    assert "| 4096 | 60.0 | 40.0 | 1.50× | 1.80× |" in text, text
+
+
 def test_the_committed_docs_are_what_the_committed_records_give():
     assert render.main(["--check", "--records", str(REPO / "docs" / "records"),
                         "--docs", str(REPO / "docs")]) == 0

@@ -28,9 +28,9 @@ _yield = getattr(os, "sched_yield", lambda: None)
 
 
 def wait_politely(request: MPI.Request, max_sleep: float = _MAX_SLEEP,
-                  deadline: float | None = None) -> bool:
+                  deadline: float | None = None, patience: float | None = None) -> bool:
     """Wait for a non-blocking MPI request, sleeping rather than spinning when it is slow;
-    False if time.monotonic() passed deadline first.
+    False if time.monotonic() passed deadline first, or patience seconds passed.
 
     With a deadline the waiter is a caller blocked anyway, for at most that long (a
     couple of ms): it polls without sleeping, since one sleep on a small VM costs more
@@ -45,6 +45,8 @@ def wait_politely(request: MPI.Request, max_sleep: float = _MAX_SLEEP,
     start = time.perf_counter()
     while not request.Test():
         waited = time.perf_counter() - start
+        if patience is not None and waited > patience:
+            return False
         if waited > _SPIN_SECONDS:
             time.sleep(min(max(waited / 16, 20e-6), max_sleep))
     return True
@@ -77,8 +79,8 @@ class _MPIPending(Pending):
         self._request = request
         self._transport = transport
 
-    def wait(self, deadline: float | None = None) -> bool:
-        return wait_politely(self._request, self._transport.max_sleep, deadline)
+    def wait(self, deadline: float | None = None, patience: float | None = None) -> bool:
+        return wait_politely(self._request, self._transport.max_sleep, deadline, patience)
 
 
 class _GatherPending(_MPIPending):
@@ -109,6 +111,11 @@ class _ShmPending(_MPIPending):
 
     def meet(self) -> None:
         self._exchange.meet()
+
+    def missing(self) -> list[tuple[int, int]] | None:
+        """The ranks whose counters have not reached this exchange's meeting (the node
+        holds every rank of the transport, in its order: ShmExchange.open)."""
+        return [(rank, self._exchange.pids[rank]) for rank in self._request.behind()]
 
 
 class MPITransport(Transport):

@@ -79,6 +79,11 @@ class CounterBarrier:
         self._window.Sync()  # the others' writes, seen after their counters
         return True
 
+    def behind(self) -> list[int]:
+        """The ranks (of node) that have not reached this rank's latest meeting."""
+        read, meeting, line = self._read, self._meeting, _LINE_WORDS
+        return [index // line for index in self._others if read(index) < meeting]
+
     def meet(self) -> None:
         """A whole meeting, blocking: polls, yielding the core in between, never sleeps
         (MPICH's own blocking barrier spins too)."""
@@ -100,6 +105,7 @@ class ShmExchange:
         each set of slots, done when the barrier's meeting is (collective over node)."""
         self._node = node
         self.rank, self.size = node.Get_rank(), node.Get_size()
+        self.pids: list[int] = node.allgather(os.getpid())  # to name (and end) a frozen rank
         barrier = self._barrier = CounterBarrier(node)
         self._turns = TURNS  # sets of slots, used in turn
         self._pending = [make_pending(barrier, self, turn) for turn in range(TURNS)]

@@ -19,9 +19,16 @@ class Pending:
         self._result = result
         self._rows = rows
 
-    def wait(self, deadline: float | None = None) -> bool:
-        """Block until it is done (True), or until time.monotonic() passes deadline (False)."""
+    def wait(self, deadline: float | None = None, patience: float | None = None) -> bool:
+        """Block until it is done (True), or until time.monotonic() passes deadline
+        (False; polling without sleeping, for a caller that waits a few ms at most), or
+        until patience seconds have passed (False; sleeping between polls as without)."""
         return True
+
+    def missing(self) -> list[tuple[int, int]] | None:
+        """(rank of the transport, process id on this host) of each rank known not to
+        have taken part yet; None where the exchange cannot tell (an MPI collective)."""
+        return None
 
     def result(self) -> np.ndarray:
         return self._result

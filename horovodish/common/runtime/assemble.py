@@ -83,7 +83,9 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
             eager = EagerPredictor(size, limit, split)
     runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,
                       stall_message=(lambda: stall.last_report) if stall else None,
-                      caller_runs=caller_runs, eager=eager)
+                      caller_runs=caller_runs, eager=eager,
+                      peer_wait=(config.stall_check_time, config.stall_shutdown_time)
+                      if stall and config.stall_check_time > 0 else None)
     if config.autotune and rank == 0:
         runtime.autotuner = Autotuner(
             Params(config.fusion_threshold, config.cycle_time_ms),

@@ -24,6 +24,8 @@ cycles of a rank stay one sequence, as the other ranks' collectives need.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from typing import Any, Callable, Generator
@@ -44,6 +46,24 @@ from ..timeline import Timeline
 
 log = logging.getLogger("horovodish")
 
+class PeersNotAnswering(Exception):
+    """A negotiation waited past the stall shutdown time for ranks that never came."""
+
+    def __init__(self, message: str, pids: list[int]) -> None:
+        super().__init__(message)
+        self.pids = pids
+
+    def end_local_ranks(self) -> None:
+        """SIGKILL those ranks (on this host): a stopped process ignores the SIGTERM with
+        which mpirun ends a job's ranks, and the job would wait for it for good."""
+        for pid in self.pids:
+            log.error("ending pid %d, a rank that does not answer", pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass  # gone already
+
+
 _IDLE_WAIT = 0.02
 _BUSY_POLL = 1e-3  # longest sleep between polls of a negotiation while work is pending
 _IDLE_POLL = 5e-3  # ... and while idle
@@ -57,13 +77,18 @@ CycleSteps = Generator[Pending, None, CycleResult]
 class Runtime:
     def __init__(self, controller: Controller, executor: Executor, fusion_threshold: int,
                  cycle_time_ms: float, stall_message: Callable[[], str] | None = None,
-                 caller_runs: bool = True, eager: EagerPredictor | None = None) -> None:
+                 caller_runs: bool = True, eager: EagerPredictor | None = None,
+                 peer_wait: tuple[float, float] | None = None) -> None:
+        """peer_wait: (warn after, end the job after) seconds of a negotiation that some
+        rank takes no part in (the stall check and shutdown times; 0: never end it);
+        None: wait for ever, silently (``_wait_for_peers``)."""
         self.controller = controller
         self.executor = executor
         self.fusion_threshold = fusion_threshold
         self.cycle_time = cycle_time_ms / 1000.0
         self.rank = controller.rank
         self._stall_message = stall_message
+        self._peer_wait = peer_wait
         # A C-level with cannot be torn by a Ctrl-C, leaving the lock held (a Condition's
         # Python-level __enter__ can). It guards the queue and the thread's alarm.
         self._lock = threading.Lock()
@@ -495,13 +520,48 @@ class Runtime:
                         steps, pending = self._start_cycle()
                     else:
                         continue
-                    pending.wait()
+                    self._wait_for_peers(pending)
                     self._finish_cycle(steps)
+                except PeersNotAnswering as exc:
+                    self._stop_reason = f" by the stall inspector: {exc}"
+                    exc.end_local_ranks()
+                    self._end_job_after_grace()
+                    self._end(self._stop_reason)
+                    return
                 except BaseException as exc:
                     # Stopped before the lock goes: no caller may start a cycle after
                     # one abandoned midway.
                     self._fail(exc)
                     raise
+
+    def _wait_for_peers(self, pending: Pending) -> None:
+        """The other ranks' part of a negotiation. A rank that takes no part at all
+        (stopped, frozen, starved of CPU: it runs no cycle, so the stall inspector, which
+        reads what cycles report, never hears of it) is named in a warning after the
+        stall check time and, with a stall shutdown time, ends the job after that: a
+        peer frozen inside a collective (an NCCL kernel waiting on it, say) leaves the
+        next negotiation waiting for it too."""
+        if self._peer_wait is None:
+            pending.wait()
+            return
+        warn_after, end_after = self._peer_wait
+        start, warned = time.monotonic(), False
+        while not pending.wait(patience=min(1.0, warn_after)):
+            waited = time.monotonic() - start
+            if not warned and waited >= warn_after:
+                warned = True
+                log.warning("[rank %d] %s", self.rank, self._not_answering(pending, waited))
+            if end_after > 0 and waited >= max(end_after, warn_after):
+                raise PeersNotAnswering(self._not_answering(pending, waited),
+                                        [pid for _, pid in pending.missing() or ()])
+
+    def _not_answering(self, pending: Pending, waited: float) -> str:
+        missing = pending.missing()
+        world = self.controller.world_ranks
+        who = (f"rank {', '.join(str(world[r]) for r, _ in missing)}" if missing
+               else "a rank (the exchange cannot tell which)")
+        return (f"{who} has taken no part in negotiation for {waited:.0f} s: stopped, "
+                "frozen or starved of CPU (a rank that only computes still takes part)")
 
     def _fail(self, exc: BaseException) -> None:
         """A cycle failed midway: stop, failing what is pending, and end the job. Other

@@ -91,12 +91,12 @@ def sigint(rank: int, size: int) -> None:
             wait = pending.wait
             fired = False
 
-            def interrupted_wait(deadline=None):
+            def interrupted_wait(deadline=None, patience=None):
                 nonlocal fired
                 if not fired:  # once: the runtime thread waits on it again
                     fired = True
                     os.kill(os.getpid(), signal.SIGINT)  # held back until the hand-over
-                return wait(deadline)
+                return wait(deadline, patience)
             pending.wait = interrupted_wait
         return steps, pending
 

@@ -5,6 +5,7 @@ job ends. Scenarios (the first argument names one):
 - raises: rank 1 raises there;
 - raises_before_init: rank 1 raises before init() while the others wait in it;
 - stalls: rank 1 never submits 'lonely_tensor';
+- freezes: rank 1 stops itself (SIGSTOP) in a training-like loop;
 - stalls_in_set: world rank 2 never submits 'lonely_tensor' on the set [0, 2];
 - raises_before_add: rank 1 raises while rank 0 registers a process set;
 - internal_error: rank 0's runtime fails inside a cycle, after the negotiation that sent
@@ -83,6 +84,16 @@ def stalls(rank: int, size: int) -> None:
         allreduce(1.0, "lonely_tensor")
 
 
+def freezes(rank: int, size: int) -> None:
+    """Rank 1 stops itself (SIGSTOP) between two steps: it runs no cycle at all."""
+    api.init(process_sets="dynamic")
+    for step in range(10_000):
+        if step == 20 and rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        allreduce(float(rank), "grad")
+        time.sleep(0.005)
+
+
 def stalls_in_set(rank: int, size: int) -> None:
     api.init(process_sets="dynamic")
     evens = add_process_set([0, 2])
@@ -145,6 +156,6 @@ def init_after_the_others_left(rank: int, size: int) -> None:
 
 
 if __name__ == "__main__":
-    run_scenario([killed, raises, raises_before_init, raises_before_add, stalls,
+    run_scenario([killed, raises, raises_before_init, raises_before_add, stalls, freezes,
                   stalls_in_set, internal_error, internal_error_caught,
                   init_after_the_others_left])

@@ -6,7 +6,10 @@ reads how the job ends. Scenarios (the first argument names one):
   allreduces, waits for the first, then SIGKILLs itself while the others are in NCCL;
   the job must go on at one rank from the last commit and finish;
 - stalls: rank 1 never submits 'lonely_tensor' (rank 0 does, after NCCL allreduces); the
-  stall inspector must name the rank and the tensor and end the job.
+  stall inspector must name the rank and the tensor and end the job;
+- freezes_mid_collective: rank 1 submits three 64 MiB allreduces, waits for the first,
+  then stops itself (SIGSTOP) while the others are in NCCL; rank 0's next negotiation
+  waits for it, names it and ends the job (aborting NCCL, killing the stopped rank).
 """
 from __future__ import annotations
 
@@ -72,5 +75,19 @@ def stalls(rank: int, size: int) -> None:
         hvd.allreduce_(torch.ones(8, device="cuda"), name="lonely_tensor")
 
 
+def freezes_mid_collective(rank: int, size: int) -> None:
+    _start()
+    big = [torch.ones(BIG, device="cuda") for _ in range(3)]
+    for step in range(20):
+        handles = [hvd.allreduce_async_(tensor, op=hvd.Average, name=f"big.{i}")
+                   for i, tensor in enumerate(big)]
+        hvd.synchronize(handles[0])
+        if step == 5 and rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)  # big.1 and big.2 are in NCCL
+        for handle in handles[1:]:
+            hvd.synchronize(handle)
+        torch.cuda.synchronize()
+
+
 if __name__ == "__main__":
-    run_scenario([killed_mid_collective, stalls])
+    run_scenario([killed_mid_collective, stalls, freezes_mid_collective])
