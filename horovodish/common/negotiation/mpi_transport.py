@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
+from ..peer_wait import Patience
 from .shm_exchange import ShmExchange
 from .transport import Pending, Transport
 
@@ -115,11 +116,14 @@ class _ShmPending(_MPIPending):
     def missing(self) -> list[tuple[int, int]] | None:
         """The ranks whose counters have not reached this exchange's meeting (the node
         holds every rank of the transport, in its order: ShmExchange.open)."""
-        return [(rank, self._exchange.pids[rank]) for rank in self._request.behind()]
+        return [(rank, self._request.pids[rank]) for rank in self._request.behind()]
 
 
 class MPITransport(Transport):
-    def __init__(self, comm: MPI.Comm) -> None:
+    def __init__(self, comm: MPI.Comm, patience: Patience | None = None,
+                 world_ranks: list[int] | None = None) -> None:
+        """patience, world_ranks: for the shared-memory exchange's blocking meetings
+        (peer_wait.py; what messages call comm's ranks)."""
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -145,8 +149,8 @@ class MPITransport(Transport):
         # Within one host both exchanges go through shared memory instead (collective:
         # every rank's transport is made at the same point of init).
         self._shm: ShmExchange | None = ShmExchange.open(
-            comm, lambda barrier, exchange, turn: _ShmPending(barrier, exchange, turn, self)
-        ) if self.size > 1 else None
+            comm, lambda barrier, exchange, turn: _ShmPending(barrier, exchange, turn, self),
+            patience, world_ranks) if self.size > 1 else None
         # Without persistent collectives (MPI before 4.0: Open MPI 4.x) each cycle posts an
         # Iallreduce, which must then keep one order with the backends' collectives on
         # comm on every rank; it runs on a communicator of its own instead (measured on

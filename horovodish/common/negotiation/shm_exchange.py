@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable
+import time
+from typing import Callable, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
+from ..peer_wait import Patience, wait_patiently
 from .transport import Pending
 
 _CAPACITY_STEP = 64 << 10  # regions grow in these steps: a new window is collective
@@ -49,9 +51,15 @@ class CounterBarrier:
     agree. A store of one aligned word is atomic; ``Win.Sync`` on either side orders it
     after this rank's writes to shared memory and before the reads that follow."""
 
-    def __init__(self, node: MPI.Comm) -> None:
-        """Collective over node (a communicator within one host)."""
+    def __init__(self, node: MPI.Comm, patience: Patience | None = None,
+                 names: Sequence[int] | None = None) -> None:
+        """Collective over node (a communicator within one host). patience: how long
+        ``meet`` waits for a rank that never comes (peer_wait.py; None: for ever);
+        names: what messages call node's ranks (world ranks; default, node's own)."""
         rank, size = node.Get_rank(), node.Get_size()
+        self._patience = patience
+        self._names = list(names) if names is not None else list(range(size))
+        self.pids: list[int] = node.allgather(os.getpid())  # to end a rank that froze
         self._window = MPI.Win.Allocate_shared(
             size * _LINE_WORDS * 8 if rank == 0 else 0, 8, comm=node)
         memory, _ = self._window.Shared_query(0)
@@ -86,10 +94,27 @@ class CounterBarrier:
 
     def meet(self) -> None:
         """A whole meeting, blocking: polls, yielding the core in between, never sleeps
-        (MPICH's own blocking barrier spins too)."""
+        (MPICH's own blocking barrier spins too). With patience, a rank that never comes
+        is named, then ends the job (PeersNotAnswering)."""
         self.Start()
-        while not self.Test():
-            _yield()
+        test = self.Test
+        if test():
+            return
+        if self._patience is None:
+            while not test():
+                _yield()
+            return
+
+        def a_while() -> bool:  # polls for up to a second
+            until = time.monotonic() + 1.0
+            while not test():
+                _yield()
+                if time.monotonic() > until:
+                    return False
+            return True
+        wait_patiently(a_while, self._patience, self._names[self._mine // _LINE_WORDS],
+                       lambda: [(self._names[r], self.pids[r]) for r in self.behind()],
+                       "a shared-memory collective")
 
     def Free(self) -> None:
         self._window.Unlock_all()
@@ -100,13 +125,15 @@ class ShmExchange:
     """One runtime's eager exchange within a host (made by ``open``)."""
 
     def __init__(self, node: MPI.Comm,
-                 make_pending: Callable[[CounterBarrier, ShmExchange, int], Pending]) -> None:
+                 make_pending: Callable[[CounterBarrier, ShmExchange, int], Pending],
+                 patience: Patience | None = None,
+                 names: Sequence[int] | None = None) -> None:
         """make_pending(barrier, exchange, turn): the transport's pending exchange for
-        each set of slots, done when the barrier's meeting is (collective over node)."""
+        each set of slots, done when the barrier's meeting is (collective over node).
+        patience, names: the barrier's (CounterBarrier)."""
         self._node = node
         self.rank, self.size = node.Get_rank(), node.Get_size()
-        self.pids: list[int] = node.allgather(os.getpid())  # to name (and end) a frozen rank
-        barrier = self._barrier = CounterBarrier(node)
+        barrier = self._barrier = CounterBarrier(node, patience, names)
         self._turns = TURNS  # sets of slots, used in turn
         self._pending = [make_pending(barrier, self, turn) for turn in range(TURNS)]
         self._window: MPI.Win | None = None
@@ -121,7 +148,8 @@ class ShmExchange:
 
     @classmethod
     def open(cls, comm: MPI.Comm,
-             make_pending: Callable[[CounterBarrier, ShmExchange, int], Pending]
+             make_pending: Callable[[CounterBarrier, ShmExchange, int], Pending],
+             patience: Patience | None = None, names: Sequence[int] | None = None
              ) -> ShmExchange | None:
         """Collective over comm: an exchange if every rank shares one host and could map
         the windows, else None (then negotiation goes through MPI)."""
@@ -129,7 +157,7 @@ class ShmExchange:
         exchange, error = None, ""
         if node.Get_size() == comm.Get_size():
             try:
-                exchange = cls(node, make_pending)
+                exchange = cls(node, make_pending, patience, names)
             except MPI.Exception as exc:  # a small /dev/shm, say
                 error = str(exc)
         if not comm.allreduce(exchange is not None, op=MPI.LAND):

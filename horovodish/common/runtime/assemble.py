@@ -24,6 +24,7 @@ from ..execution.executor import Executor
 from ..execution.operations import OperationManager
 from ..negotiation.controller import Controller
 from ..negotiation.mpi_transport import MPITransport
+from ..peer_wait import Patience
 from ..stall import StallInspector
 from .thread import Runtime
 
@@ -45,18 +46,22 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
     if not config.stall_check_disable and size > 1:
         stall = StallInspector(size, config.stall_check_time, config.stall_shutdown_time,
                                world_ranks=world_ranks)
+    # How long a meeting waits for a rank that takes no part at all (peer_wait.py).
+    patience = Patience(config.stall_check_time, config.stall_shutdown_time) \
+        if stall and config.stall_check_time > 0 else None
     backends = [AdasumBackend(comm),
                 # Across hosts only (and shared memory within one host only).
                 HierarchicalBackend(comm, config.hierarchical_allreduce,
                                     config.cpu_operations, world_ranks=world_ranks,
-                                    gather=bool(config.hierarchical_allgather)),
+                                    gather=bool(config.hierarchical_allgather),
+                                    patience=patience),
                 SharedMemoryBackend(comm, config.cpu_operations, world_ranks=world_ranks,
-                                    single_below=config.ring_threshold),
+                                    single_below=config.ring_threshold, patience=patience),
                 RingBackend(comm, config.ring_threshold, config.cpu_operations),
                 MPIBackend(comm)]
     if gpu.uses_nccl:
         backends.insert(0, NcclBackend(comm))
-    transport = MPITransport(comm)
+    transport = MPITransport(comm, patience, world_ranks)
     controller = Controller(transport, config.cache_capacity, stall,
                             world_ranks=world_ranks)
     executor = Executor(OperationManager(backends), rank, size)
@@ -84,8 +89,7 @@ def build_runtime(comm: Any, config: Config, record_timeline: bool = False,
     runtime = Runtime(controller, executor, config.fusion_threshold, config.cycle_time_ms,
                       stall_message=(lambda: stall.last_report) if stall else None,
                       caller_runs=caller_runs, eager=eager,
-                      peer_wait=(config.stall_check_time, config.stall_shutdown_time)
-                      if stall and config.stall_check_time > 0 else None)
+                      patience=patience)
     if config.autotune and rank == 0:
         runtime.autotuner = Autotuner(
             Params(config.fusion_threshold, config.cycle_time_ms),

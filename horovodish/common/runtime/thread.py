@@ -24,8 +24,6 @@ cycles of a rank stay one sequence, as the other ranks' collectives need.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from typing import Any, Callable, Generator
@@ -43,26 +41,9 @@ from .handles import Completions, Handle
 from ..autotune import Autotuner
 from ..messages import RequestType
 from ..timeline import Timeline
+from ..peer_wait import Patience, PeersNotAnswering, wait_patiently
 
 log = logging.getLogger("horovodish")
-
-class PeersNotAnswering(Exception):
-    """A negotiation waited past the stall shutdown time for ranks that never came."""
-
-    def __init__(self, message: str, pids: list[int]) -> None:
-        super().__init__(message)
-        self.pids = pids
-
-    def end_local_ranks(self) -> None:
-        """SIGKILL those ranks (on this host): a stopped process ignores the SIGTERM with
-        which mpirun ends a job's ranks, and the job would wait for it for good."""
-        for pid in self.pids:
-            log.error("ending pid %d, a rank that does not answer", pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass  # gone already
-
 
 _IDLE_WAIT = 0.02
 _BUSY_POLL = 1e-3  # longest sleep between polls of a negotiation while work is pending
@@ -78,17 +59,17 @@ class Runtime:
     def __init__(self, controller: Controller, executor: Executor, fusion_threshold: int,
                  cycle_time_ms: float, stall_message: Callable[[], str] | None = None,
                  caller_runs: bool = True, eager: EagerPredictor | None = None,
-                 peer_wait: tuple[float, float] | None = None) -> None:
-        """peer_wait: (warn after, end the job after) seconds of a negotiation that some
-        rank takes no part in (the stall check and shutdown times; 0: never end it);
-        None: wait for ever, silently (``_wait_for_peers``)."""
+                 patience: Patience | None = None) -> None:
+        """patience: how long a negotiation waits for a rank that takes no part in it
+        before a warning, and before the job ends (peer_wait.py); None: for ever,
+        silently."""
         self.controller = controller
         self.executor = executor
         self.fusion_threshold = fusion_threshold
         self.cycle_time = cycle_time_ms / 1000.0
         self.rank = controller.rank
         self._stall_message = stall_message
-        self._peer_wait = peer_wait
+        self._patience = patience
         # A C-level with cannot be torn by a Ctrl-C, leaving the lock held (a Condition's
         # Python-level __enter__ can). It guards the queue and the thread's alarm.
         self._lock = threading.Lock()
@@ -428,7 +409,8 @@ class Runtime:
                 if self._stopped or not self._caller_cycle():
                     return
             except BaseException as exc:  # fail what is pending, like the thread would
-                log.exception("horovodish cycle on a caller's thread failed")
+                if not isinstance(exc, PeersNotAnswering):  # (a stall: _fail says it)
+                    log.exception("horovodish cycle on a caller's thread failed")
                 self._fail(exc)
                 if not isinstance(exc, Exception):
                     raise
@@ -522,46 +504,28 @@ class Runtime:
                         continue
                     self._wait_for_peers(pending)
                     self._finish_cycle(steps)
-                except PeersNotAnswering as exc:
-                    self._stop_reason = f" by the stall inspector: {exc}"
-                    exc.end_local_ranks()
-                    self._end_job_after_grace()
-                    self._end(self._stop_reason)
-                    return
                 except BaseException as exc:
                     # Stopped before the lock goes: no caller may start a cycle after
                     # one abandoned midway.
                     self._fail(exc)
+                    if isinstance(exc, PeersNotAnswering):
+                        return
                     raise
 
     def _wait_for_peers(self, pending: Pending) -> None:
-        """The other ranks' part of a negotiation. A rank that takes no part at all
-        (stopped, frozen, starved of CPU: it runs no cycle, so the stall inspector, which
-        reads what cycles report, never hears of it) is named in a warning after the
-        stall check time and, with a stall shutdown time, ends the job after that: a
-        peer frozen inside a collective (an NCCL kernel waiting on it, say) leaves the
-        next negotiation waiting for it too."""
-        if self._peer_wait is None:
+        """The other ranks' part of a negotiation, with patience (peer_wait.py): a peer
+        frozen inside a collective (an NCCL kernel waiting on it, say) leaves the next
+        negotiation waiting for it too."""
+        if self._patience is None:
             pending.wait()
             return
-        warn_after, end_after = self._peer_wait
-        start, warned = time.monotonic(), False
-        while not pending.wait(patience=min(1.0, warn_after)):
-            waited = time.monotonic() - start
-            if not warned and waited >= warn_after:
-                warned = True
-                log.warning("[rank %d] %s", self.rank, self._not_answering(pending, waited))
-            if end_after > 0 and waited >= max(end_after, warn_after):
-                raise PeersNotAnswering(self._not_answering(pending, waited),
-                                        [pid for _, pid in pending.missing() or ()])
-
-    def _not_answering(self, pending: Pending, waited: float) -> str:
-        missing = pending.missing()
         world = self.controller.world_ranks
-        who = (f"rank {', '.join(str(world[r]) for r, _ in missing)}" if missing
-               else "a rank (the exchange cannot tell which)")
-        return (f"{who} has taken no part in negotiation for {waited:.0f} s: stopped, "
-                "frozen or starved of CPU (a rank that only computes still takes part)")
+
+        def missing() -> list[tuple[int, int]] | None:
+            ranks = pending.missing()
+            return None if ranks is None else [(world[r], pid) for r, pid in ranks]
+        wait_patiently(lambda: pending.wait(patience=min(1.0, self._patience.warn_after)),
+                       self._patience, self.rank, missing, "negotiation")
 
     def _fail(self, exc: BaseException) -> None:
         """A cycle failed midway: stop, failing what is pending, and end the job. Other
@@ -570,6 +534,15 @@ class Runtime:
         they, and this rank's own MPI_Finalize, would wait forever. So the job is
         aborted once this rank's script had the grace period to report the error, or
         at once when it shuts down (``shutdown`` in api/lifecycle.py)."""
+        if isinstance(exc, PeersNotAnswering):  # a stall, not a fault of this rank
+            with self._lock:
+                first = not self._stopped
+            if first:
+                self._stop_reason = f" by the stall inspector: {exc}"
+                exc.end_local_ranks()
+                self._end_job_after_grace()
+                self._end(self._stop_reason)
+            return
         with self._lock:
             first = not self._stopped
             self.failed = self.failed or first  # (not when it had stopped cleanly)

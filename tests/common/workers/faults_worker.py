@@ -6,6 +6,7 @@ job ends. Scenarios (the first argument names one):
 - raises_before_init: rank 1 raises before init() while the others wait in it;
 - stalls: rank 1 never submits 'lonely_tensor';
 - freezes: rank 1 stops itself (SIGSTOP) in a training-like loop;
+- freezes_mid_collective: rank 1 stops itself while large allreduces run;
 - stalls_in_set: world rank 2 never submits 'lonely_tensor' on the set [0, 2];
 - raises_before_add: rank 1 raises while rank 0 registers a process set;
 - internal_error: rank 0's runtime fails inside a cycle, after the negotiation that sent
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -94,6 +96,17 @@ def freezes(rank: int, size: int) -> None:
         time.sleep(0.005)
 
 
+def freezes_mid_collective(rank: int, size: int) -> None:
+    """Rank 1 stops itself (SIGSTOP) from another thread while large allreduces run
+    through shared memory: inside a collective's barrier, or between two."""
+    api.init(process_sets="dynamic")
+    data = np.ones(512 << 10, dtype=np.float32)  # 2 MiB: a shared-memory allreduce
+    if rank == 1:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+    for step in range(10_000):
+        collectives.allreduce_async(data, data, "big", ReduceOp.AVERAGE).wait()
+
+
 def stalls_in_set(rank: int, size: int) -> None:
     api.init(process_sets="dynamic")
     evens = add_process_set([0, 2])
@@ -157,5 +170,5 @@ def init_after_the_others_left(rank: int, size: int) -> None:
 
 if __name__ == "__main__":
     run_scenario([killed, raises, raises_before_init, raises_before_add, stalls, freezes,
-                  stalls_in_set, internal_error, internal_error_caught,
+                  freezes_mid_collective, stalls_in_set, internal_error, internal_error_caught,
                   init_after_the_others_left])

@@ -28,6 +28,7 @@ from mpi4py import MPI
 
 from ...dtypes import MPI_REDUCIBLE, known_dtype_name
 from ...messages import ReduceOp, RequestType
+from ...peer_wait import Patience
 from .mpi import MPIBackend
 from .ring import RingBackend
 from .shm import SharedMemoryBackend
@@ -91,7 +92,8 @@ class HierarchicalBackend(SharedMemoryBackend):
     def __init__(self, comm: MPI.Comm, mode: bool | None, cpu_operations: str | None,
                  world_ranks: Sequence[int] | None = None,
                  threshold: int = HIERARCHICAL_THRESHOLD,
-                 piece_bytes: int = PIECE_BYTES, gather: bool = False) -> None:
+                 piece_bytes: int = PIECE_BYTES, gather: bool = False,
+                 patience: Patience | None = None) -> None:
         """mode: True/False as HOROVODISH_HIERARCHICAL_ALLREDUCE forces it, None: chosen
         by size unless cpu_operations names a flat backend. gather: run allgathers in
         two levels too (HOROVODISH_HIERARCHICAL_ALLGATHER). Collective over comm."""
@@ -109,7 +111,7 @@ class HierarchicalBackend(SharedMemoryBackend):
         local_world = local.allgather(world[comm.Get_rank()])
         # Two parts of 8 MiB pieces: more would hold 32 MiB a rank for a small gain.
         super().__init__(local, "shm" if why is None else "off", threshold, piece_bytes,
-                         world_ranks=local_world, turns=2)
+                         world_ranks=local_world, turns=2, patience=patience)
         # Every rank of comm must agree, not only those of one host.
         if why is None and not comm.allreduce(self.available, op=MPI.LAND):
             why = "shared memory is unavailable on some host"

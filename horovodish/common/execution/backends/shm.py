@@ -33,6 +33,7 @@ from mpi4py import MPI
 
 from ...messages import ReduceOp, RequestType
 from ...negotiation.shm_exchange import CounterBarrier
+from ...peer_wait import Patience
 from ..arithmetic import divide_toward_zero, reduce_ufunc, scale_into, scale_once
 from ..datatype_copies import MIN_OUTPUTS, DatatypeCopier
 from ..fused_group import AllreduceGroup, hand_out
@@ -65,11 +66,14 @@ class SharedMemoryBackend(Backend):
 
     def __init__(self, comm: MPI.Comm, mode: str | None, threshold: int = SHM_THRESHOLD,
                  piece_bytes: int = PIECE_BYTES, world_ranks: Sequence[int] | None = None,
-                 single_below: int = 4 << 20, turns: int = TURNS) -> None:
+                 single_below: int = 4 << 20, turns: int = TURNS,
+                 patience: Patience | None = None) -> None:
         """single_below: single tensors from this size on are left to the ring (its
         threshold), fused groups are not (see ``enabled``). turns: parts of each
-        segment that pieces take in turn (at least 2)."""
+        segment that pieces take in turn (at least 2). patience: how long a barrier
+        waits for a rank that never comes (peer_wait.py); None: for ever."""
         self.turns = turns
+        self._patience = patience
         self.mode = mode
         self.threshold = threshold
         self.single_below = single_below
@@ -101,7 +105,7 @@ class SharedMemoryBackend(Backend):
             try:
                 window = MPI.Win.Allocate_shared(
                     self.turns * self.piece_bytes + _FLAG_BYTES, 1, comm=node)
-                barrier = CounterBarrier(node)
+                barrier = CounterBarrier(node, self._patience, names=self._world_ranks)
             except MPI.Exception as exc:
                 error = str(exc)
         else:
