@@ -284,8 +284,10 @@ class Reducer:
                                 self.steps)
             self.pending.append(_Pending(hook(state, bucket), dense, ctxs))
             return
-        allreduce = mpi_ops.grouped_allreduce_into_runtime_async if self.as_view \
-            else mpi_ops.grouped_allreduce_async_
+        # Results in a runtime block, installed as the gradients; alone, in place: one
+        # rank's reduction is its input, so nothing is copied at all.
+        allreduce = mpi_ops.grouped_allreduce_into_runtime_async if self.as_view and \
+            self.process_set.size() > 1 else mpi_ops.grouped_allreduce_async_
         handle = allreduce(tensors, name=names, op=self.op, prescale_factor=prescale,
                            postscale_factor=postscale, process_set=self.process_set)
         self.pending.append(_Pending(handle, dense, ctxs))

@@ -5,10 +5,15 @@ rank's value times the factor, in float32 for float16/bfloat16 and in float64 fo
 integers, cast back to the dtype (integers truncate toward zero), then the sum in the
 dtype (two ranks: one rounding, whatever the order); a postscale is applied to the sum
 the same way. Checked for one tensor, a fused group (fusion buffer or shared memory), a
-runtime-owned result and reducescatter, on 2 ranks.
+runtime-owned result, a tensor reduced in place and reducescatter, on 2 ranks and on
+one (where the reduction is the input itself and only the scaling is left: with a
+timeline, the job also checks that no fusion buffer was packed).
 """
 from __future__ import annotations
 
+import json
+import os
+import time
 
 import ml_dtypes
 import numpy as np
@@ -119,6 +124,45 @@ def many_small_tensors(rank: int, size: int) -> None:
                                                 post), f"small {tag} owned={owned} tensor {i}")
 
 
+def in_place(rank: int, size: int) -> None:
+    """One tensor and a fused group, each reduced where it lies."""
+    for dtype, seed, pre, post, tag in cases():
+        values = [contribution(rank, c, dtype, seed + 3 + i)
+                  for i, c in enumerate((289, 40000, 30000))]
+        handles = [collectives.allreduce_async(values[0], values[0], f"inplace.{tag}",
+                                               ReduceOp.SUM, pre, post)]
+        handles += collectives.grouped_allreduce_async(
+            values[1:], values[1:], [f"inplace.{tag}.{i}" for i in range(2)], ReduceOp.SUM,
+            pre, post)
+        for i, (handle, value) in enumerate(zip(handles, values)):
+            check(handle.wait() is value, f"in place {tag} tensor {i}: its own array back")
+            bitwise(value, expected(size, value.size, dtype, seed + 3 + i, pre, post),
+                    f"in place {tag} tensor {i}")
+
+
+def alone_nothing_is_packed(rank: int, size: int) -> None:
+    """On one rank every allreduce above ran as the scaling alone: the timeline shows
+    LOCAL_ALLREDUCE for them, and no fusion buffer, shared memory or MPI phase."""
+    path = os.environ.get("HOROVODISH_TIMELINE")
+    if size != 1 or not path:
+        return
+    time.sleep(0.4)  # past the timeline's flush interval
+    events = json.load(open(path))
+    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    phases: dict[str, set[str]] = {}
+    for event in events:
+        if event["ph"] in ("B", "X") and rows.get(event.get("tid"), "").startswith(
+                ("one.", "group.", "small.", "inplace.")):
+            phases.setdefault(rows[event["tid"]], set()).add(event["name"])
+    check(len(phases) > 100, f"timeline rows of the allreduces above: {len(phases)}")
+    local = [name for name, seen in phases.items() if "LOCAL_ALLREDUCE" in seen]
+    copied = sorted(name for name, seen in phases.items() if seen & {
+        "MEMCPY_IN_FUSION_BUFFER", "SHM_ALLREDUCE", "MPI_ALLREDUCE", "RING_ALLREDUCE"})
+    check(len(local) == len(phases), f"{len(phases) - len(local)} rows without "
+                                      "LOCAL_ALLREDUCE")
+    check(not copied, f"packed or sent at one rank: {copied[:3]}")
+
+
 def reducescatter(rank: int, size: int) -> None:
     """This rank's rows of the sum."""
     for dtype, seed, pre, post, tag in cases():
@@ -132,6 +176,6 @@ def reducescatter(rank: int, size: int) -> None:
 
 if __name__ == "__main__":
     api.init()
-    run_checks([single_tensor, fused_group, many_small_tensors, reducescatter], api.rank(),
-               api.size())
+    run_checks([single_tensor, fused_group, many_small_tensors, in_place, reducescatter,
+                alone_nothing_is_packed], api.rank(), api.size())
     api.shutdown()

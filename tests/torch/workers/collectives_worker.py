@@ -443,6 +443,39 @@ def process_sets(rank: int, size: int) -> None:
     hvd.remove_process_set(evens)
 
 
+def optimizer_steps(rank: int, size: int) -> None:
+    """DistributedOptimizer, three steps against SGD on the mean of every rank's
+    gradients, computed here from every rank's data. The parameters average over 256 KiB,
+    so on the host they stay per tensor (flat_buckets.HOST_MEAN_BYTES); on one rank each
+    gradient autograd made is then reduced where it lies (no copy into a runtime block)."""
+    def model() -> torch.nn.Module:
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(600, 500), torch.nn.Tanh(),
+                                   torch.nn.Linear(500, 4))
+    ours, reference = model(), model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(ours.parameters(), lr=0.1),
+                                   named_parameters=ours.named_parameters())
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(3):
+        def batch(r: int) -> torch.Tensor:
+            return torch.from_numpy(np.random.default_rng(step * 10 + r).standard_normal(
+                (8, 600)).astype(np.float32))
+        opt.zero_grad()
+        ours(batch(rank)).square().mean().backward()
+        autograd_made = {n: p.grad.data_ptr() for n, p in ours.named_parameters()}
+        opt.step()
+        ref_opt.zero_grad()
+        (sum(reference(batch(r)).square().mean() for r in range(size)) / size).backward()
+        ref_opt.step()
+        for (name, got), want in zip(ours.named_parameters(), reference.parameters()):
+            close(got.detach().numpy(), want.detach().numpy(), f"step {step}: {name}",
+                  1e-5, 1e-6)
+        if size == 1:
+            moved = [n for n, p in ours.named_parameters()
+                     if p.grad.data_ptr() != autograd_made[n]]
+            check(not moved, f"one rank, step {step}: gradients copied elsewhere: {moved}")
+
+
 def topology(rank: int, size: int) -> None:
     check(0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_size() >= 1,
           f"local rank {hvd.local_rank()} of {hvd.local_size()}, cross size {hvd.cross_size()}")
@@ -462,7 +495,7 @@ def shutdown_with_work_in_flight(rank: int, size: int) -> None:
 if __name__ == "__main__":
     checks = [topology, allreduce, allgather, broadcast, alltoall, reducescatter,
               runtime_owned_results, out_of_order_and_burst, join_and_barrier, errors, sparse,
-              *staging_checks()]
+              optimizer_steps, *staging_checks()]
     hvd.init()
     hvd.init()  # twice is harmless
     if os.environ.get("HOROVODISH_DYNAMIC_PROCESS_SETS") and hvd.size() > 1:
