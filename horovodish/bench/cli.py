@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
             command = "horovodishrun -np {} python -m horovodish.bench {}".format(
                 comm.Get_size(), " ".join(a for a in (argv if argv is not None else
                                                       sys.argv[1:]) if a)).strip()
-            print(f"record: {records.write(args.record, 'bench', figures, command)}")
+            kind = records.bench_kind(comm.Get_size())
+            print(f"record: {records.write(args.record, kind, figures, command)}")
         if args.plot:
             report.plot(figures["allreduce"], args.plot)
     comm.Free()

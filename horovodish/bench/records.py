@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -103,6 +104,21 @@ def load(folder: str | Path, kind: str) -> list[dict[str, Any]]:
         if record.get("kind") == kind:
             records.append(record)
     return sorted(records, key=lambda r: (r["time"], r.get("sequence", 0)))
+
+
+def bench_kind(ranks: int) -> str:
+    """The kind of a ``python -m horovodish.bench`` record: ``bench`` at 2 ranks (the
+    reference run the docs' tables show), ``bench-<n>-ranks`` otherwise, so that a run
+    at another size never takes the place of the reference run's tables."""
+    return "bench" if ranks == 2 else f"bench-{ranks}-ranks"
+
+
+def load_bench_runs(folder: str | Path) -> list[dict[str, Any]]:
+    """Every bench record at any number of ranks, oldest first."""
+    runs = [r for path in Path(folder).glob("bench-*.json")
+            for r in [json.loads(path.read_text())]
+            if re.fullmatch(r"bench(-\d+-ranks)?", r.get("kind", ""))]
+    return sorted(runs, key=lambda r: (r["time"], r.get("sequence", 0)))
 
 
 def latest(folder: str | Path, kind: str) -> dict[str, Any] | None:

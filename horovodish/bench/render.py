@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -175,6 +176,49 @@ def _gpu_history(folder: Path) -> str:
          "ResNet-50 b32 / plain", "ResNet-50 b128 / plain"], rows)
 
 
+# What the bench's targets are read from, and the target (docs/tuning.md).
+_TARGETS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("MLP step, DDP's time / ours", ("training", "over_ddp"), "≥ 1.5 (2 ranks)"),
+    ("162 tensors: our added host time / DDP's",
+     ("many_tensors", "ours_added_over_ddp_added"), "≤ 0.5 (1 rank), ≤ 0.6 (2 ranks)"),
+    ("the same, sharded / DDP + ZeroRedundancyOptimizer",
+     ("many_tensors", "sharded", "ours_added_over_ddp_added"), "-"),
+    ("JAX step, jax.distributed's time / ours", ("jax_training", "over_jax"), "≥ 1.5"),
+)
+
+
+def _figure(figures: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    for key in path:
+        figures = figures.get(key) if isinstance(figures, dict) else None
+    return figures if isinstance(figures, (int, float)) else None
+
+
+def _bench_history(folder: Path) -> str:
+    """Every bench run's target figures, then their median and range per rank count:
+    a figure of a shared VM moves from run to run, and a target holds on the median."""
+    runs = records.load_bench_runs(folder)
+    rows = [[r["time"][:16].replace("T", " "), r["figures"].get("ranks", "?"),
+             (r["machine"].get("commit") or "-")[:10],
+             *(f"{v:.2f}" if (v := _figure(r["figures"], path)) is not None else "-"
+               for _, path, _ in _TARGETS),
+             " / ".join(f"{v * 1e3:.1f}" for v in r["figures"].get("training", {}).get(
+                 "forward_backward_by_rank_s", [])) or "-"] for r in runs]
+    out = ["Every bench run, oldest first:\n\n", _table(
+        ["run (UTC)", "ranks", "commit", *(label for label, _, _ in _TARGETS),
+         "MLP forward+backward by rank (ms)"], rows)]
+    summary = []
+    for ranks in sorted({r["figures"].get("ranks", 0) for r in runs}):
+        at = [r["figures"] for r in runs if r["figures"].get("ranks", 0) == ranks]
+        for label, path, target in _TARGETS:
+            values = sorted(v for f in at if (v := _figure(f, path)) is not None)
+            if values:
+                summary.append([ranks, label, len(values), f"{statistics.median(values):.2f}",
+                                f"{values[0]:.2f} to {values[-1]:.2f}", target])
+    out += ["\nMedian and range over those runs:\n\n", _table(
+        ["ranks", "figure", "runs", "median", "range", "target"], summary)]
+    return "".join(out)
+
+
 def _against_ddp(record: dict[str, Any]) -> str:
     """A GPU record's comparison with torch DDP on NCCL (bench_gpu.py's against_ddp)."""
     f = record["figures"]
@@ -216,6 +260,9 @@ def _against_ddp(record: dict[str, Any]) -> str:
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _bench, "horovod-suites": _horovod_suites, "gpu": _gpu, "bench-jax": _bench_jax,
     "gpu-against-ddp": _against_ddp, "gpu-against-ddp-2-ranks": _against_ddp}
+# Blocks that show every record of some kinds.
+HISTORIES: dict[str, Callable[[Path], str]] = {"gpu-history": _gpu_history,
+                                              "bench-history": _bench_history}
 # Blocks that show part of another kind's record: block name -> record kind.
 SOURCES = {"bench-jax": "bench", "gpu-against-ddp": "gpu"}
 
@@ -224,8 +271,8 @@ def render_text(text: str, folder: Path) -> str:
     """``text`` with every marked block rewritten from its kind's newest record."""
     def block(match: re.Match) -> str:
         kind = match["kind"]
-        if kind == "gpu-history":
-            return match.group(1) + _gpu_history(folder) + match.group(4)
+        if kind in HISTORIES:
+            return match.group(1) + HISTORIES[kind](folder) + match.group(4)
         record = records.latest(folder, SOURCES.get(kind, kind))
         if kind not in RENDERERS:
             raise ValueError(f"no renderer for records of kind '{kind}'")

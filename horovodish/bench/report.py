@@ -51,6 +51,8 @@ def print_report(size: int, figures: dict) -> None:
         phases = step["phases_s"]
         print("  our step: " + ", ".join(f"{k.replace('_', ' ')} {v * 1e3:.2f} ms"
                                          for k, v in phases.items()))
+        print("  forward backward by rank: " + ", ".join(
+            f"{v * 1e3:.2f}" for v in step.get("forward_backward_by_rank_s", [])) + " ms")
     jax_step = figures.get("jax_training")
     if jax_step:
         print(f"\nJAX training step, MLP {'-'.join(map(str, jax_step['widths']))}, batch "

@@ -130,10 +130,11 @@ def training_step(comm: MPI.Comm, widths: list[int] | None = None, batch: int = 
             "ours_over_bound": statistics.median(b / o for o, b in zip(times[OURS],
                                                                         times[BOUND])),
         }
+        phases, by_rank = _phases(comm, ours["model"], ours["optimizer"], ours["data"],
+                                  ours["target"], F)
         return {"widths": widths, "batch_per_rank": batch, "threads": torch.get_num_threads(),
-                "steps_per_s": rate, **ratios,
-                "phases_s": _phases(comm, ours["model"], ours["optimizer"], ours["data"],
-                                    ours["target"], F)}
+                "steps_per_s": rate, **ratios, "phases_s": phases,
+                "forward_backward_by_rank_s": by_rank}
 
 
 def many_tensor_step(comm: MPI.Comm, batch: int = 32, rounds: int = 5,
@@ -193,9 +194,12 @@ def _added_per_tensor(model, times: dict[str, list[float]], ddp: str = DDP) -> d
             "ours_added_over_ddp_added_range": [min(ratio), max(ratio)]}
 
 
-def _phases(comm: MPI.Comm, model, optimizer, data, target, F, steps: int = 30) -> dict:
+def _phases(comm: MPI.Comm, model, optimizer, data, target, F, steps: int = 30
+            ) -> tuple[dict, list[float]]:
     """Seconds per step in forward+backward (gradients are submitted as they are ready),
-    in waiting for the last reductions (synchronize), and in the wrapped optimizer."""
+    in waiting for the last reductions (synchronize), and in the wrapped optimizer, the
+    mean over ranks; and each rank's forward+backward: a step waits for the slowest
+    rank's, so their spread is part of every rank's wait."""
     forward_backward = wait = update = 0.0
     comm.Barrier()
     for _ in range(steps):
@@ -212,6 +216,6 @@ def _phases(comm: MPI.Comm, model, optimizer, data, target, F, steps: int = 30) 
         wait += t2 - t1
         update += t3 - t2
     size = comm.Get_size()
-    return {name: comm.allreduce(value / steps, MPI.SUM) / size for name, value in
-            (("forward_backward", forward_backward), ("wait_for_reductions", wait),
-             ("optimizer", update))}
+    return ({name: comm.allreduce(value / steps, MPI.SUM) / size for name, value in
+             (("forward_backward", forward_backward), ("wait_for_reductions", wait),
+              ("optimizer", update))}, comm.allgather(forward_backward / steps))

@@ -74,6 +74,9 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
                                         "torch DDP (gloo)", "no communication"}
     assert all(rate > 0 for rate in step["steps_per_s"].values())
     assert set(step["phases_s"]) == {"forward_backward", "wait_for_reductions", "optimizer"}
+    by_rank = step["forward_backward_by_rank_s"]  # the phases' mean is theirs
+    assert len(by_rank) == figures["ranks"] and all(t > 0 for t in by_rank), by_rank
+    assert abs(sum(by_rank) / len(by_rank) - step["phases_s"]["forward_backward"]) < 1e-9
     many = figures["many_tensors"]
     assert many["parameter_tensors"] == 162 and "many-tensor step" in result.stdout
     ours, ddp = "horovodish DistributedOptimizer", "torch DDP (gloo)"
