@@ -138,7 +138,9 @@ class Executor:
             for entry, count in zip(entries, spec.counts):
                 part = block[offset:offset + count]
                 offset += count
-                if entry is not None:
+                if entry is None:
+                    part.fill(0)  # (a rank that joined contributes zeros)
+                else:
                     scaled_copy(part, entry.tensor.reshape(-1), pre)
             if post != 1.0:
                 scale_into(block, block, post)
