@@ -96,9 +96,12 @@ def test_bench_runs_at_each_size_keep_their_kind_and_sum_up_by_rank_count(tmp_pa
     text = render.render_text("<!-- records:bench-history -->\n"
                               "<!-- /records:bench-history -->\n", tmp_path)
     assert "| 2999-01-04 00:00 | 1 | " in text and "| 1.20 | 0.45 | 0.10 | - |" in text, text
-    assert "| 2 | MLP step, DDP's time / ours | 3 | 1.50 | 1.40 to 1.60 |" in text, text
-    assert "| 2 | 162 tensors: our added host time / DDP's | 3 | 0.20 | 0.10 to 0.30 |" in text
-    assert "| 1 | 162 tensors: our added host time / DDP's | 1 | 0.45 | 0.45 to 0.45 |" in text
+    assert "| 2 | MLP step, DDP's time / ours | 3 | 1.50 | 1.40 to 1.60 | ≥ 1.5 |" in text
+    assert "| 1 | MLP step, DDP's time / ours | 1 | 1.20 | 1.20 to 1.20 | - |" in text, text
+    assert "| 2 | 162 tensors: our added host time / DDP's | 3 | 0.20 | 0.10 to 0.30 | ≤ 0.6 |" \
+        in text
+    assert "| 1 | 162 tensors: our added host time / DDP's | 1 | 0.45 | 0.45 to 0.45 | ≤ 0.5 |" \
+        in text
     assert "JAX step" not in text.split("Median and range")[1], "no JAX figure: no row"
 
 
