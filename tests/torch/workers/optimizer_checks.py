@@ -130,12 +130,12 @@ def equivalence(rank: int, size: int) -> None:
 
 
 def gradient_identity(rank: int, size: int) -> None:
-    """gradient_as_bucket_view=False keeps Horovod's in-place semantics: the tensor in
-    param.grad before step() is the one that holds the reduced gradient after it. The
-    default, in the first step (learning the order), installs a view of the runtime's
-    block and leaves the old tensor local; from the second step on the gradient is a
-    view of its flat bucket, reduced in place, so it keeps its identity too. Ranks'
-    inputs differ, so the local and the reduced gradient differ."""
+    """Horovod's in-place semantics, with or without gradient_as_bucket_view: the tensor
+    in param.grad before step() is the one that holds the reduced gradient after it. The
+    default reduces the first step's gradients (while the order is learned) where
+    autograd made them, then makes each a view of its flat bucket (same values, another
+    tensor), and from the second step on reduces the buckets in place. Ranks' inputs
+    differ, so a tensor left with this rank's gradient would not hold the mean."""
     for as_view in (True, False):
         model = nn.Linear(5, 3)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
@@ -147,16 +147,13 @@ def gradient_identity(rank: int, size: int) -> None:
             inputs = [torch.full((2, 5), float(r + step)) for r in range(hvd.size())]
             model(inputs[hvd.rank()]).sum().backward()
             before = model.weight.grad
-            local = before.clone()
             opt.synchronize()
             want = (sum(x.sum(0) for x in inputs) / hvd.size()).expand(3, 5)  # d sum / dW
             close(model.weight.grad, want, f"as_view={as_view}: the mean", 1e-5, atol=1e-8)
-            kept = not as_view or step > 0
-            check((model.weight.grad is before) == kept,
-                  f"as_view={as_view}, step {step}: gradient identity "
-                  f"{model.weight.grad is before}")
-            close(before, want if kept else local,
-                  f"as_view={as_view}: the old gradient tensor", 1e-5, atol=1e-8)
+            check(model.weight.grad is before or (as_view and step == 0),
+                  f"as_view={as_view}, step {step}: param.grad is another tensor")
+            close(model.weight.grad, before, f"as_view={as_view}: param.grad after", 0.0)
+            close(before, want, f"as_view={as_view}: the tensor held before", 1e-5, atol=1e-8)
             with opt.skip_synchronize():
                 opt.step()
 
@@ -657,24 +654,24 @@ def learned_order_follows_use(rank: int, size: int) -> None:
                                        named_parameters=[(f"chain.{variant}.{n}", p) for n, p
                                                          in model.named_parameters()],
                                        bucket_cap_mb=cap_mb)
-        kept = []
-        for _ in range(5):
+        for step in range(5):
             opt.zero_grad(set_to_none=variant != "shuffled")
             model(x).pow(2).mean().backward()
             local = {n: p.grad.clone() for n, p in model.named_parameters()}
             held = {n: p.grad for n, p in model.named_parameters()}
             opt.step()
-            kept.append((local, held, {n: p.grad for n, p in model.named_parameters()}))
-        # The first step's gradient tensors still hold this rank's local gradients (its
-        # results are views of a runtime block, which never overwrites a live tensor);
-        # later steps reduce each flat bucket in place, so the tensor held before step()
-        # is param.grad after it. Ranks' gradients differ, so a mix-up would show.
-        local, held, after = kept[0]
-        check(all(torch.equal(local[n], held[n]) for n in local),
-              f"{variant}: a first-step gradient held across step() was overwritten")
-        for local, held, after in kept[1:]:
-            check(all(held[n] is after[n] for n in local),
-                  f"{variant}: a bucketed gradient changed identity across step()")
+            # Every step reduces the gradients where they lie (the first step the tensors
+            # autograd made, then copied into the flat buckets; later ones each bucket),
+            # so the tensor held before step() holds the mean, not this rank's local
+            # gradient (ranks' gradients differ, so a mix-up would show), and from the
+            # second step on it is param.grad after step().
+            after = {n: p.grad for n, p in model.named_parameters()}
+            check(all(torch.equal(held[n], after[n]) for n in local),
+                  f"{variant}, step {step}: a gradient held across step() is not the mean")
+            check(step == 0 or all(held[n] is after[n] for n in local),
+                  f"{variant}, step {step}: a gradient changed identity across step()")
+            check(size == 1 or not any(torch.equal(local[n], after[n]) for n in local),
+                  f"{variant}, step {step}: a gradient still holds the local value")
         stats = opt.negotiation_stats()
         check(stats[0]["submitted_after"] == list(range(1, 7)),
               f"{variant}: the first step should submit each gradient on arrival: {stats[0]}")
