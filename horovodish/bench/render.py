@@ -194,9 +194,15 @@ def _figure(figures: dict[str, Any], path: tuple[str, ...]) -> float | None:
     return figures if isinstance(figures, (int, float)) else None
 
 
+# The runs the summary of the bench history is over: the newest at each size, so that it
+# says what the current code gives, while no single run decides.
+SUMMARY_RUNS = 3
+
+
 def _bench_history(folder: Path) -> str:
-    """Every bench run's target figures, then their median and range per rank count:
-    a figure of a shared VM moves from run to run, and a target holds on the median."""
+    """Every bench run's target figures, then their median and range over the newest
+    runs at each rank count: a figure of a shared VM moves from run to run, and a target
+    holds on the median."""
     runs = records.load_bench_runs(folder)
     rows = [[r["time"][:16].replace("T", " "), r["figures"].get("ranks", "?"),
              (r["machine"].get("commit") or "-")[:10],
@@ -210,12 +216,13 @@ def _bench_history(folder: Path) -> str:
     summary = []
     for ranks in sorted({r["figures"].get("ranks", 0) for r in runs}):
         at = [r["figures"] for r in runs if r["figures"].get("ranks", 0) == ranks]
+        at = at[-SUMMARY_RUNS:]
         for label, path, target in _TARGETS:
             values = sorted(v for f in at if (v := _figure(f, path)) is not None)
             if values:
                 summary.append([ranks, label, len(values), f"{statistics.median(values):.2f}",
                                 f"{values[0]:.2f} to {values[-1]:.2f}", target.get(ranks, "-")])
-    out += ["\nMedian and range over those runs:\n\n", _table(
+    out += [f"\nMedian and range over the newest {SUMMARY_RUNS} runs at each size:\n\n", _table(
         ["ranks", "figure", "runs", "median", "range", "target"], summary)]
     return "".join(out)
 

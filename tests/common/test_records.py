@@ -74,28 +74,32 @@ def test_a_gpu_run_against_ddp_renders_its_table(tmp_path: Path):
 
 def test_bench_runs_at_each_size_keep_their_kind_and_sum_up_by_rank_count(tmp_path: Path):
     """A 1-rank run is a record of its own kind (the 2-rank tables stay the reference
-    run's); the history block lists every run and the median and range per rank count."""
+    run's); the history block lists every run, and the median and range of the newest
+    runs (render.SUMMARY_RUNS) per rank count."""
     def figures(ranks: int, over_ddp: float, added: float) -> dict:
         return {"ranks": ranks, "training": {"over_ddp": over_ddp},
                 "many_tensors": {"ours_added_over_ddp_added": added,
                                  "sharded": {"ours_added_over_ddp_added": 0.1}}}
     assert records.bench_kind(2) == "bench" and records.bench_kind(1) == "bench-1-ranks"
-    for i, (ranks, over, added) in enumerate([(2, 1.4, 0.2), (2, 1.6, 0.3), (2, 1.5, 0.1),
-                                               (1, 1.2, 0.45)]):
+    assert render.SUMMARY_RUNS == 3
+    for i, (ranks, over, added) in enumerate([(2, 1.1, 0.9), (2, 1.4, 0.2), (2, 1.6, 0.3),
+                                               (2, 1.5, 0.1), (1, 1.2, 0.45)]):
         path = records.write(tmp_path, records.bench_kind(ranks), figures(ranks, over, added),
                              f"run {i}")
         record = json.loads(path.read_text())
-        record["time"] = f"2999-01-0{i + 1}T00:00:00+00:00"
+        record["time"] = f"2999-01-0{i + 1}T00:00:00+00:00"  # (written in one second)
         path.unlink()
         (tmp_path / f"{record['kind']}-2999010{i + 1}T000000Z.json").write_text(
             json.dumps(record))
-    assert records.latest(tmp_path, "bench")["command"] == "run 2"
-    assert records.latest(tmp_path, "bench-1-ranks")["command"] == "run 3"
+    assert records.latest(tmp_path, "bench")["command"] == "run 3"
+    assert records.latest(tmp_path, "bench-1-ranks")["command"] == "run 4"
     assert [r["command"] for r in records.load_bench_runs(tmp_path)] == \
-        ["run 0", "run 1", "run 2", "run 3"]
+        ["run 0", "run 1", "run 2", "run 3", "run 4"]
     text = render.render_text("<!-- records:bench-history -->\n"
                               "<!-- /records:bench-history -->\n", tmp_path)
-    assert "| 2999-01-04 00:00 | 1 | " in text and "| 1.20 | 0.45 | 0.10 | - |" in text, text
+    assert "| 2999-01-05 00:00 | 1 | " in text and "| 1.20 | 0.45 | 0.10 | - |" in text, text
+    assert "| 2999-01-01 00:00 | 2 | " in text and "| 1.10 | 0.90 |" in text  # listed, and
+    # left out of the summary, which is over the newest three runs at 2 ranks
     assert "| 2 | MLP step, DDP's time / ours | 3 | 1.50 | 1.40 to 1.60 | ≥ 1.5 |" in text
     assert "| 1 | MLP step, DDP's time / ours | 1 | 1.20 | 1.20 to 1.20 | - |" in text, text
     assert "| 2 | 162 tensors: our added host time / DDP's | 3 | 0.20 | 0.10 to 0.30 | ≤ 0.6 |" \
