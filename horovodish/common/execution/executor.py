@@ -23,7 +23,7 @@ from ..runtime.entry import Entry, finish_all
 from ..timeline import Timeline, now_us
 from .arithmetic import divide_toward_zero, reduce_ufunc, scale_into
 from .cuda import DEVICE_CUDA
-from .fused_group import AllreduceGroup, Workspace, hand_out, scaled_copy
+from .fused_group import AllreduceGroup, Workspace, hand_out, pack_inputs, scaled_copy
 from .operations import OperationManager
 from .piggyback import (EagerGroup, EagerPlan, EagerViews, gather_slices, reduce_gathered,
                         reduce_my_slice)
@@ -134,14 +134,7 @@ class Executor:
         entries, pre, post = spec.entries, spec.prescale, spec.postscale
         if any(entry is not None and entry.output is None for entry in entries):
             block = spec.workspace.result_blocks.take(spec.dtype, sum(spec.counts))
-            offset = 0
-            for entry, count in zip(entries, spec.counts):
-                part = block[offset:offset + count]
-                offset += count
-                if entry is None:
-                    part.fill(0)  # (a rank that joined contributes zeros)
-                else:
-                    scaled_copy(part, entry.tensor.reshape(-1), pre)
+            pack_inputs(block, entries, spec.counts, spec.dtype, pre)
             if post != 1.0:
                 scale_into(block, block, post)
             return hand_out(block, entries, spec.responses)
