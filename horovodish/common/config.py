@@ -44,6 +44,17 @@ def _non_negative(parse: Callable[[str], T]) -> Callable[[str], T]:
     return parse_checked
 
 
+def _positive(parse: Callable[[str], T]) -> Callable[[str], T]:
+    non_negative = _non_negative(parse)
+
+    def parse_checked(text: str) -> T:
+        value = non_negative(text)
+        if not value:
+            raise ValueError("must be > 0")
+        return value
+    return parse_checked
+
+
 def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
     def parse_choice(text: str) -> str:
         value = text.strip().lower()
@@ -96,6 +107,9 @@ class Config:
     hierarchical_allgather: bool | None = None
     # Seconds without a heartbeat from a neighbouring host before the job ends (0: never).
     heartbeat_timeout: float = 30.0
+    # Seconds every rank has to reach the job's PMI server under a launcher that is not
+    # MPI's own (common/world); the same for the ranks to meet in init().
+    start_timeout: float = 60.0
     # Names of the variables the user set explicitly; autotune leaves those alone.
     explicit: frozenset[str] = field(default_factory=frozenset)
 
@@ -132,5 +146,6 @@ class Config:
             hierarchical_allreduce=_read(env, "HIERARCHICAL_ALLREDUCE", _parse_bool, None),
             hierarchical_allgather=_read(env, "HIERARCHICAL_ALLGATHER", _parse_bool, None),
             heartbeat_timeout=_read(env, "HEARTBEAT_TIMEOUT", non_negative_float, 30.0),
+            start_timeout=_read(env, "START_TIMEOUT", _positive(float), cls.start_timeout),
             explicit=explicit,
         )

@@ -43,7 +43,8 @@ def missing_tunable_hint(environ: Mapping[str, str], mode: str) -> str | None:
         return None
     return (f"the ranks run without GLIBC_TUNABLES={MALLOC_TUNABLE}=1, so MPI's buffers "
             "and TensorFlow's tensors sit in 4 KiB pages (large collectives ran 1.3-1.7x "
-            "slower so on the project's test machine). horovodishrun sets it; with mpirun, "
-            f"pass GLIBC_TUNABLES={MALLOC_TUNABLE}=1 to every rank (-x with Open MPI, "
-            f"-genv with MPICH), or {MALLOC_TUNABLE}=0 to keep glibc's default without "
-            "this warning (docs/configuration.md).")
+            "slower so on 2 cores with 4 KiB pages: docs/tuning.md). horovodishrun sets it; "
+            f"with another launcher, set GLIBC_TUNABLES={MALLOC_TUNABLE}=1 in the ranks' "
+            "environment (mpirun: -x with Open MPI, -genv with MPICH; torchrun, srun and "
+            f"the others pass their own environment on), or {MALLOC_TUNABLE}=0 to keep "
+            "glibc's default without this warning (docs/configuration.md).")

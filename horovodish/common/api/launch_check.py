@@ -1,5 +1,8 @@
 """A job started as several tasks that MPI sees as one world of one: refused at init().
 
+Most launchers' jobs form one world (``world/``); what is refused here is what is left:
+a launcher whose variables are incomplete, or another MPI's process manager.
+
 A scheduler or launcher that starts N copies of a script tells each copy the task count
 in its own variables. When the MPI library this Python uses did not get the job's
 process-management interface from that launcher (``srun`` without ``--mpi=pmi2`` on a
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from ..world.launch_env import missing_variables
+
 # (variable, who sets it). Slurm's step variable is set only inside a step that srun
 # started (the batch script itself, one task, has SLURM_NTASKS but no step count).
 _ANNOUNCED = (
@@ -19,7 +24,7 @@ _ANNOUNCED = (
     ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
     ("PMI_SIZE", "a PMI launcher (MPICH's Hydra, Intel MPI, srun --mpi=pmi2)"),
     ("MV2_COMM_WORLD_SIZE", "MVAPICH's launcher"),
-    ("WORLD_SIZE", "torchrun (torch.distributed's launcher)"),
+    ("WORLD_SIZE", "the launcher (torchrun, Kubeflow, Ray Train and the like)"),
 )
 
 
@@ -39,6 +44,16 @@ def refuse_lone_copies(world_size: int, environ: Mapping[str, str], mpi: str) ->
     if world_size != 1 or announced is None:
         return
     count, variable, launcher = announced
+    missing = missing_variables(environ)
+    if missing:
+        raise RuntimeError(
+            f"horovodish.init(): {launcher} started this job as {count} tasks "
+            f"({variable}={count}), but {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set, so "
+            f"this task cannot find the others and MPI ({mpi}) sees a world of 1: each "
+            "task would train alone. Set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT on "
+            "every task (docs/launchers.md), start the job with torchrun, or with "
+            "horovodishrun.")
     raise RuntimeError(
         f"horovodish.init(): {launcher} started this job as {count} tasks "
         f"({variable}={count}), but MPI ({mpi}) sees a world of 1: each task would train "

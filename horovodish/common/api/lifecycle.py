@@ -1,8 +1,9 @@
 """init / shutdown, process-set registration and the timeline switch.
 
 ``init()`` builds the MPI communicators and the global set's runtime (see
-``runtime/assemble.py``). Without a launcher it gives a world of one (MPI singleton
-init). Calling it twice is harmless; ``shutdown()`` stops the thread and fails whatever
+``runtime/assemble.py``). Under a launcher that is not MPI's own it first joins this
+process to the job's MPI world (``world/mpi_start.py``). Without a launcher it gives a
+world of one (MPI singleton init). Calling it twice is harmless; ``shutdown()`` stops the thread and fails whatever
 is still in flight.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..logging_setup import configure, warn_once
 from ..runtime import exit_hook, interrupts
 from ..runtime.assemble import build_runtime
 from ..runtime.heartbeat import HostWatchdog
+from ..world.mpi_start import start_mpi
 from . import process_state as _current
 from .collectives import reset_auto_names
 from .launch_check import refuse_lone_copies
@@ -65,6 +67,7 @@ def _start(comm: Any, process_sets: Any) -> None:
     """init()'s work on a process not yet initialized (the lock is held)."""
     global _atexit_registered, _initialized_once
     config = Config.from_env()
+    start_mpi(config.start_timeout)
     refuse_lone_copies(MPI.COMM_WORLD.Get_size(), os.environ,
                        " ".join(MPI.Get_library_version().splitlines()[0].split()))
     base = MPI.COMM_WORLD if comm is None else comm
