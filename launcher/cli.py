@@ -92,7 +92,6 @@ def _mpi_args(text: str) -> list[str]:
 _VIA_MPIRUN = "not a horovodishrun flag: give mpirun's own option with --mpi-args"
 # horovodrun flags a Horovod user may pass: (names, takes a value, why refused).
 _REFUSED = [
-    (("--gloo",), False, "horovodish runs on MPI alone (drop --gloo)"),
     (("--config-file",), True, "no config files: pass the settings as flags or as "
                                "HOROVODISH_* variables (docs/configuration.md)"),
     (("--output-filename",), True, _VIA_MPIRUN),
@@ -217,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a failed host or slot stays out: MIN doubled per earlier "
                         "failure of the host, plus up to MIN at random, at most MAX "
                         "(default: for the rest of the job)")
+    p.add_argument("--gloo", action="store_true",
+                   help="start the ranks without mpirun (horovodishrun runs the job's PMI "
+                        "server and starts each rank, locally or over ssh; MPI is still the "
+                        "transport); also what happens where no mpirun is installed")
     p.add_argument("--mpi-args", type=_mpi_args, default=[], metavar='"ARGS"',
                    help="extra arguments for mpirun, split like a shell would (but never run by one); "
                         'write --mpi-args="-v" when ARGS is a single dash option')

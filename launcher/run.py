@@ -18,6 +18,9 @@ process is one rank; inside it, ``hvd.init()`` reads rank, size and local rank f
   signal N on its own gives what mpirun reports: N with MPICH's Hydra, which does not
   tell it apart from ``exit(N)``.
 * ``plain mpirun -np N python train.py`` works as well; the launcher adds only convenience.
+* ``--gloo`` (Horovod's flag), or no mpirun installed: the launcher starts the ranks
+  itself, locally and over ssh, as clients of a PMI server it runs; MPI is still the
+  transport (launcher/direct.py).
 * Across hosts (``-H``/``--hostfile`` naming hosts other than this one, started over
   ssh): every remote host must first answer ``ssh HOST true`` within --start-timeout
   seconds (default 30), all checked at once; otherwise the launcher names each host that
@@ -39,7 +42,8 @@ Example::
   ``state.commit()``; it grows at a commit when hosts join (launcher/elastic.py,
   docs/elastic.md).
 
-Exit codes of the launcher itself: 2 for bad arguments, 127 when no mpirun is found, 255
+Exit codes of the launcher itself: 2 for bad arguments, 127 when no mpirun is found (for an
+elastic job, the one kind that needs it), 255
 when a remote host does not answer over ssh.
 """
 from __future__ import annotations
@@ -48,7 +52,7 @@ import os
 import shlex
 import sys
 
-from . import elastic
+from . import direct, elastic
 from . import mpirun as mpirun_mod
 from .cli import parse_args
 from .command import build_command, child_env
@@ -70,16 +74,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     runner = mpirun_mod.locate()
-    if runner is None:
+    remote = Remote(args.ssh_port, args.ssh_identity_file, args.start_timeout,
+                    args.network_interface or ())
+    hosts = args.hostfile_hosts if args.hostfile_hosts is not None else args.hosts
+    by_itself = not args.elastic and (args.gloo or runner is None)
+    if runner is None and not by_itself:
         print(mpirun_mod.MISSING_MESSAGE, file=sys.stderr)
         return 127
-    if runner.flavour == "unknown":
+    if runner is not None and runner.flavour == "unknown" and not by_itself:
         print(f"horovodishrun: warning: cannot tell which MPI {runner.path} belongs to; "
               "using MPICH Hydra syntax", file=sys.stderr)
 
-    remote = Remote(args.ssh_port, args.ssh_identity_file, args.start_timeout,
-                    args.network_interface or ())
-    over_ssh = uses_ssh(args.mpi_args, os.environ)
+    over_ssh = by_itself or uses_ssh(args.mpi_args, os.environ)
     if args.elastic:  # hosts may change between starts: the elastic loop checks each
         config = {**rank_defaults(os.environ), **config_env(args), **rank_env(remote)}
         extra_args, mpirun_env = mpirun_args(remote, runner.flavour, over_ssh)
@@ -88,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 mpirun_env[name] = f"{value} {os.environ[name]}"
         return elastic.main(args, runner, remote, config, [*extra_args, *args.mpi_args],
                             mpirun_env, over_ssh)
-    others = remote_hosts(args.hostfile_hosts if args.hostfile_hosts is not None
-                          else args.hosts)
+    others = remote_hosts(hosts)
     if others and over_ssh:
         problems = check_hosts(others, remote)
         if problems:
@@ -98,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"{len(problems)} hosts did not answer over ssh:\n  "
                      + "\n  ".join(problems)), file=sys.stderr)
             return 255
+    if by_itself:  # (--gloo, or no mpirun here: launcher/direct.py)
+        config = {**rank_defaults(os.environ), **config_env(args), **rank_env(remote)}
+        return direct.run(args.num_proc, hosts, args.command, config, remote, args.verbose)
     hostfile, temporary = None, False
     if args.hostfile_hosts is not None:
         hostfile, temporary = hostfile_for(args.hostfile, args.hostfile_hosts, runner.flavour)

@@ -83,7 +83,7 @@ def _through_store(launch: Launch, store: Any, start_timeout: float,
     if launch.rank == 0:
         key = launch.secret or secrets.token_hex(16)
         server = _start_server(launch, key, ("",), (0,), start_timeout)
-        hosts = _addresses_toward(launch.master_addr)
+        hosts = addresses_toward(launch.master_addr)
         store.set(name, json.dumps({"hosts": hosts, "port": server.port, "key": key}))
         return Meeting([("127.0.0.1", server.port)], key, server)
     left = max(1.0, deadline - time.monotonic())
@@ -124,7 +124,7 @@ def _is_loopback(host: str) -> bool:
     return host.startswith("127.") or host == "::1"
 
 
-def _addresses_toward(master: str | None) -> list[str]:
+def addresses_toward(master: str | None) -> list[str]:
     """Where the other ranks can reach this host, best first: the address on the route
     to ``master`` (the store's host, which every rank reaches), then the host's other
     addresses, then loopback for the ranks on this host. (A host name may resolve to
