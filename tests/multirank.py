@@ -24,8 +24,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -50,6 +53,14 @@ def run_ranks(script: str | Path, np: int, args: Sequence[str] = (),
     cmd = [*launch_on, sys.executable, "-m", "horovodish.launcher", "-np", str(np),
            *(["-H", hosts] if hosts else []), *launcher_args,
            sys.executable, str(script), *map(str, args)]
+    return run_command(cmd, env, timeout)
+
+
+def run_command(cmd: Sequence[str], env: Mapping[str, str] | None = None,
+                timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a job's command (a launcher: torchrun, srun, horovodishrun) as run_ranks
+    does: output merged, and on timeout the whole tree killed and the test failed."""
+    cmd = [str(part) for part in cmd]
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, env=full_env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -65,6 +76,63 @@ def run_ranks(script: str | Path, np: int, args: Sequence[str] = (),
         raise AssertionError(f"job timed out after {timeout} s: {' '.join(cmd)}\n"
                              f"--- output ---\n{out}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout=out, stderr=None)
+
+
+def run_environment_ranks(script: str | Path, np: int, args: Sequence[str] = (),
+                          env: Mapping[str, str] | None = None, timeout: float = 120,
+                          ranks: Sequence[int] | None = None, port: int | None = None,
+                          ) -> subprocess.CompletedProcess:
+    """Start ``python script args`` np times with nothing but RANK, WORLD_SIZE,
+    MASTER_ADDR and MASTER_PORT (a free port) to go on, as Kubeflow's PyTorchJob,
+    SageMaker or AzureML start a job; ``ranks``: start only these of the np; ``port``:
+    MASTER_PORT (default: a free one). Returns
+    every rank's output, merged, with the first non-zero exit code."""
+    port = port or free_port()
+    base = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "WORLD_SIZE": str(np),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    read, write = os.pipe()
+    procs = []
+    try:
+        for rank in (range(np) if ranks is None else ranks):
+            procs.append(subprocess.Popen(
+                [sys.executable, str(script), *map(str, args)], env={**base, "RANK": str(rank)},
+                stdin=subprocess.DEVNULL, stdout=write, stderr=write, start_new_session=True))
+    finally:
+        os.close(write)
+    with os.fdopen(read, errors="replace") as merged:
+        reader = _Reader(merged)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for each in procs:
+                    kill_tree(each.pid)
+                raise AssertionError(f"job timed out after {timeout} s: {script}\n"
+                                     f"--- output ---\n{reader.text(10)}") from None
+        out = reader.text(30)
+    code = next((p.returncode for p in procs if p.returncode), 0)
+    return subprocess.CompletedProcess([str(script)], code, stdout=out, stderr=None)
+
+
+class _Reader:
+    """Reads a pipe to its end in a thread (so that no writer blocks on a full pipe)."""
+
+    def __init__(self, stream) -> None:
+        self.chunks: list[str] = []
+        self.thread = threading.Thread(target=lambda: self.chunks.extend(stream), daemon=True)
+        self.thread.start()
+
+    def text(self, wait: float) -> str:
+        self.thread.join(wait)
+        return "".join(self.chunks)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def assert_ok(result: subprocess.CompletedProcess) -> None:

@@ -12,17 +12,20 @@ Two ways a job recovers, composed (docs/elastic.md):
   alive and stays (a mismatch, a stall shutdown; not another rank's shutdown, whose
   process is ending: that error propagates). ``run`` restores the last commit from memory,
   re-initializes horovodish, syncs and calls the function again.
-* **In a new job** (``horovodishrun --min-np ...``): a rank or a host is lost, so MPI
-  ends the job, or the launcher found new hosts and the ranks stopped at a commit
+* **In a new job** (``horovodishrun --min-np ...``, ``torchrun --max-restarts N``): a
+  rank or a host is lost, so the job ends (under torchrun, torchrun starts the group
+  again), or the launcher found new hosts and the ranks stopped at a commit
   (``HostsUpdatedInterrupt``). Every commit was written to disk on every host
   (``elastic_store``); the new job's first ``sync`` agrees on the newest commit some rank
   can read and broadcasts it from that rank.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
+import shutil
 import sys
 from typing import Any, Callable
 
@@ -187,6 +190,20 @@ def _a_rank_left() -> bool:
     return current is not None and bool(current.runtime.ranks_left)
 
 
+def _forget_commits() -> None:
+    """The job is done: remove its commits where nobody else will (under torchrun),
+    once no rank can still be reading one."""
+    folder = elastic_store.directory()
+    if folder is None or not elastic_store.is_job_owned(folder) or \
+            not process_state.is_initialized():
+        return
+    objects.allgather_object(None, name="elastic.done")
+    if process_state.local_rank() == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            folder.parent.rmdir()  # the run's folder, once every host's is gone
+
+
 def _reset() -> None:
     lifecycle.shutdown()
     lifecycle.init()
@@ -220,7 +237,9 @@ def run(func: Callable[..., Any],
             try:  # a sync that fails (a peer lost meanwhile) is retried too
                 if not skip_sync:
                     state.sync()
-                return func(state, *args, **kwargs)
+                result = func(state, *args, **kwargs)
+                _forget_commits()
+                return result
             except HostsUpdatedInterrupt as interrupt:
                 if launcher_link.enabled():
                     _leave_for_restart(interrupt)

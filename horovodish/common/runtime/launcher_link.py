@@ -29,13 +29,17 @@ def enabled() -> bool:
 
 
 def generation() -> int:
-    """The launcher's count of starts of this job (1 for the first; 0: not elastic)."""
-    return int(os.environ.get(ENV_GENERATION) or 0)
+    """The launcher's count of starts of this job (1 for the first; 0: not elastic):
+    the elastic horovodishrun's, or torchrun's restarts plus one."""
+    if os.environ.get(ENV_GENERATION):
+        return int(os.environ[ENV_GENERATION])
+    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    return int(restarts) + 1 if restarts.isdigit() else 0
 
 
 def world_rank() -> int:
-    """This process's rank as mpirun numbered it (-1 when not started by one)."""
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+    """This process's rank as its launcher numbered it (-1 when not started by one)."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK", "SLURM_PROCID"):
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return -1
