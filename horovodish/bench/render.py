@@ -265,9 +265,24 @@ def _against_ddp(record: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _launchers(record: dict[str, Any]) -> str:
+    f = record["figures"]
+    rows = [[launcher, f"{row['allreduce_64mib_ms']:.2f}", f"{row['mpi_allreduce_64mib_ms']:.2f}",
+             f"{row['mlp_steps_per_s']:.1f}", f"{row['mlp_over_ddp']:.2f}×"]
+            for launcher, row in f["launchers"].items()]
+    ratio = f["torchrun_over_horovodishrun"]
+    return (_source(record) + f"\n{f['ranks']} ranks, median of {f['rounds']} jobs under each "
+            "launcher, alternating.\n\n"
+            + _table(["launcher", "64 MiB allreduce_ ms", "MPI_Allreduce ms",
+                      "MLP steps/s", "MLP step against DDP (gloo)"], rows)
+            + f"\ntorchrun over horovodishrun: allreduce time {ratio['allreduce_time']:.3f}, "
+            f"MLP step rate {ratio['mlp_step_rate']:.3f}.\n")
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _bench, "horovod-suites": _horovod_suites, "gpu": _gpu, "bench-jax": _bench_jax,
-    "gpu-against-ddp": _against_ddp, "gpu-against-ddp-2-ranks": _against_ddp}
+    "gpu-against-ddp": _against_ddp, "gpu-against-ddp-2-ranks": _against_ddp,
+    "launchers": _launchers}
 # Blocks that show every record of some kinds.
 HISTORIES: dict[str, Callable[[Path], str]] = {"gpu-history": _gpu_history,
                                               "bench-history": _bench_history}

@@ -48,11 +48,15 @@ def process_group(hvd, backend: str = "gloo") -> Iterator[None]:
     """torch.distributed beside horovodish, for DDP's side: gloo over loopback, or NCCL
     (each rank on its local GPU)."""
     import torch.distributed as dist
-    port = hvd.broadcast_object(free_port() if hvd.rank() == 0 else None, root_rank=0,
-                                name=f"bench.{backend}.port")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
-                            rank=hvd.rank(), world_size=hvd.size())
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # Under torchrun every rendezvous of torch's goes through its agent's store.
+        dist.init_process_group(backend, rank=hvd.rank(), world_size=hvd.size())
+    else:
+        port = hvd.broadcast_object(free_port() if hvd.rank() == 0 else None, root_rank=0,
+                                    name=f"bench.{backend}.port")
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
+                                rank=hvd.rank(), world_size=hvd.size())
     try:
         yield
     finally:

@@ -84,7 +84,7 @@ def secure(folder: Path, create: bool = True) -> bool:
         if not path.exists():
             if not create:
                 return False
-            path.mkdir(mode=0o700, exist_ok=True)
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = path.stat()
         if info.st_uid != os.geteuid():
             raise PermissionError(

@@ -197,7 +197,6 @@ def test_hostfile_conversion(tmp_path, flavour, text, converted):
     (["--max-np", "2", "p"], "needs -np or --min-np"),
     (["-np", "2", "--min-np", "1", "--reset-limit", "-1", "p"], "--reset-limit"),
     # horovodrun flags this launcher refuses, each saying why
-    (["-np", "2", "--gloo", "p"], "--gloo: horovodish runs on MPI alone"),
     (["-np", "2", "--output-filename", "o", "p"], "give mpirun's own option with --mpi-args"),
     (["-np", "2", "--ssh-port", "70000", "p"], "--ssh-port"),
     (["-np", "2", "--start-timeout", "0", "p"], "--start-timeout"),
@@ -244,9 +243,16 @@ def test_version_and_flags_without_effect(capsys):
 
 # ---------------------------------------------------------------- finding mpirun
 
-def test_missing_mpirun_message(monkeypatch, capsys):
+def test_without_mpirun_the_launcher_starts_the_ranks_and_elastic_jobs_say_why_not(
+        monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(mpirun_mod, "locate", lambda *a, **k: None)
-    assert run_mod.main(["-np", "2", "python", "-c", "pass"]) == 127
+    script = tmp_path / "job.py"
+    script.write_text("from horovodish.common import api\napi.init()\n"
+                      "open(f'{__file__}.{api.rank()}.{api.size()}', 'w').close()\n")
+    assert run_mod.main(["-np", "2", sys.executable, str(script)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.py", "job.py.0.2",
+                                                         "job.py.1.2"]
+    assert run_mod.main(["-np", "2", "--min-np", "1", "python", "-c", "pass"]) == 127
     err = capsys.readouterr().err
     assert err.startswith("horovodishrun: no mpirun found; install one with: pip install mpich")
 
