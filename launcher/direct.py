@@ -15,7 +15,6 @@ every rank and whatever is alive 5 s later is killed.
 from __future__ import annotations
 
 import os
-import secrets
 import shlex
 import signal
 import subprocess
@@ -24,10 +23,8 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from horovodish.common.world.launch_env import RUN_ID_VARIABLE, SECRET_VARIABLE, SERVER_VARIABLE
-from horovodish.common.world.pmi_server import ServerConfig
-from horovodish.common.world.rendezvous import addresses_toward
-from horovodish.common.world.server_process import ServerProcess
+from horovodish.common.world.driver_world import DriverWorld
+from horovodish.common.world.launch_env import SECRET_VARIABLE
 
 from .envvars import PREFIXES
 from .hosts import Host
@@ -66,32 +63,27 @@ def run(num_proc: int, hosts: Sequence[Host] | None, command: Sequence[str],
     except ValueError as exc:
         print(f"horovodishrun: {exc}", file=sys.stderr)
         return 2
-    key, run_id = secrets.token_hex(16), f"horovodishrun-{os.getpid()}-{secrets.token_hex(4)}"
-    server = ServerProcess.start(ServerConfig(num_proc, key, run_id,
-                                              max(START_TIMEOUT, remote.start_timeout)))
-    job = _Job(server)
+    world = DriverWorld(num_proc, max(START_TIMEOUT, remote.start_timeout), "horovodishrun")
+    job = _Job(world)
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, job.on_signal)
                     for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for rank, host in enumerate(where):
-            local_rank = where[:rank].count(host)
-            variables = {**config, "RANK": str(rank), "WORLD_SIZE": str(num_proc),
-                         "LOCAL_RANK": str(local_rank),
-                         "LOCAL_WORLD_SIZE": str(where.count(host)),
-                         RUN_ID_VARIABLE: run_id, "HOROVODISH_LAUNCHER": "horovodishrun"}
-            if is_local(host):
-                variables[SERVER_VARIABLE] = f"127.0.0.1:{server.port}"
-                job.start_local(command, {**os.environ, **variables, SECRET_VARIABLE: key},
+            local = is_local(host)
+            variables = {**config, **world.rank_env(
+                rank, None if local else host, where[:rank].count(host), where.count(host),
+                with_key=local)}
+            if local:
+                job.start_local(command, {**os.environ, **variables},
                                 stdin=None if rank == 0 else subprocess.DEVNULL)
             else:
-                variables[SERVER_VARIABLE] = f"{addresses_toward(host)[0]}:{server.port}"
                 argv = ssh_command(host, command, {**forwarded(os.environ), **variables},
                                    remote)
                 if verbose:
                     print(shlex.join(argv), file=sys.stderr, flush=True)
-                job.start_remote(argv, key)
+                job.start_remote(argv, world.key)
         return job.wait()
     finally:
         job.end()
@@ -121,8 +113,8 @@ def ssh_command(host: str, command: Sequence[str], variables: Mapping[str, str],
 class _Job:
     """The ranks' processes (children here, or the ssh clients of remote ones)."""
 
-    def __init__(self, server: ServerProcess) -> None:
-        self.server = server
+    def __init__(self, world: DriverWorld) -> None:
+        self.world = world
         self.processes: list[subprocess.Popen] = []
         self.signals: list[int] = []
         self.deadline: float | None = None
@@ -185,6 +177,6 @@ class _Job:
         for process in self.processes:
             process.wait()
         try:
-            self.server.wait(timeout=GRACE_SECONDS)
+            self.world.wait(timeout=GRACE_SECONDS)
         except subprocess.TimeoutExpired:
-            self.server.stop()
+            self.world.stop()

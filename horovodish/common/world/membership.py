@@ -140,12 +140,14 @@ def _show(address: tuple[str, int]) -> str:
     return f"{address[0]}:{address[1]}"
 
 
-def _note_exit() -> None:
+def expect_end() -> None:
+    """The job is ending by design (this process exits, or its driver ends the job):
+    the server's end or an abort is no longer news for this rank."""
     global _leaving
     _leaving = True
 
 
-atexit.register(_note_exit)
+atexit.register(expect_end)
 
 
 def _listen(sock: socket.socket, rank: int) -> None:
@@ -156,7 +158,7 @@ def _listen(sock: socket.socket, rank: int) -> None:
             message = read_greeting(line)
         except WireError:
             continue
-        if "abort" in message:
+        if "abort" in message and not _leaving:
             _end(rank, f"the job is ending: {message['abort']}")
         if "end" in message:
             return
