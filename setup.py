@@ -5,6 +5,8 @@ TORCH = ["torch>=2.1"]
 TENSORFLOW = ["tensorflow-cpu>=2.16", "keras>=3.0"]
 MPICH = ["mpich>=4.1"]
 JAX = ["jax>=0.4.30", "optax>=0.2"]
+RAY = ["ray[train]>=2.50"]
+SPARK = ["pyspark>=3.5"]  # and a Java runtime (17) for its JVM
 # The NCCL path for CUDA tensors (docs/gpu.md): CuPy, and the NCCL wheel CuPy loads.
 CUDA12 = ["cupy-cuda12x>=13", "nvidia-nccl-cu12"]
 CUDA13 = ["cupy-cuda13x>=14", "nvidia-nccl-cu13"]
@@ -24,14 +26,17 @@ setup(
         "torch": TORCH,
         "tensorflow": TENSORFLOW,
         "jax": JAX,
+        "ray": RAY,
+        "spark": SPARK,
         "cuda12": CUDA12,
         "cuda13": CUDA13,
         "cupy": CUDA12,  # the older name of cuda12
         "mpich": MPICH,
         # Everything a CPU-only test machine needs; torch pinned by version (for the CPU
         # build, an index or wheel that serves it: see docs/install.md).
-        "dev": ["torch==2.13.0", *TENSORFLOW, *JAX, *MPICH, "pytest>=7", "pytest-timeout",
-                "scikit-learn", "matplotlib"],
+        "dev": ["torch==2.13.0", *TENSORFLOW, *JAX, *MPICH, "ray[train]==2.60.0",
+                "pyspark==4.3.0", "pytest>=7", "pytest-timeout", "scikit-learn",
+                "matplotlib"],
     },
     entry_points={"console_scripts": [
         "horovodishrun=horovodish.launcher.run:main",
