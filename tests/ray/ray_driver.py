@@ -1,0 +1,139 @@
+"""A Ray driver for the tests: connects to a running cluster, runs one scenario, checks
+its results against the references of tests/ray_spark_jobs.py, and prints one line
+``RESULT {json}`` (``problems``: what differed; empty when all is right).
+
+    python ray_driver.py ADDRESS executor --workers 2
+    python ray_driver.py ADDRESS executor --hosts 2 --per-host 2
+    python ray_driver.py ADDRESS elastic LOG_DIR
+    python ray_driver.py ADDRESS train-horovodish | train-torch
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import ray
+
+import ray_spark_jobs as jobs
+
+ELASTIC_WORKER = Path(__file__).resolve().parents[1] / "torch" / "workers" / \
+    "elastic_digits_worker.py"
+
+
+def executor(args: argparse.Namespace) -> dict:
+    from horovodish.ray import RayExecutor
+    settings = RayExecutor.create_settings(timeout_s=60)
+    if args.hosts:
+        ex = RayExecutor(settings, num_hosts=args.hosts, num_workers_per_host=args.per_host)
+    else:
+        ex = RayExecutor(settings, num_workers=args.workers)
+    ex.start(executable_cls=Counter, executable_args=[10])
+    try:
+        places = ex.run(jobs.collectives)
+        problems = jobs.collective_problems(places)
+        weights = ex.run(jobs.torch_training)
+        want = jobs.reference_weights(len(weights))
+        problems += [f"rank {r}: weights {w}, want {want}" for r, w in enumerate(weights)
+                     if not np.allclose(w, want, rtol=1e-10, atol=1e-12)]
+        refs = ex.run_remote(lambda k: k * 2, args=[21])
+        problems += [] if ray.get(refs) == [42] * len(places) else [f"run_remote {refs}"]
+        counted = ex.execute(lambda counter: counter.add())
+        problems += [] if counted == [11] * len(places) else [f"execute {counted}"]
+        single = ex.execute_single(lambda counter: counter.add())
+        problems += [] if single == 12 else [f"execute_single {single}"]
+    finally:
+        ex.shutdown()
+    return {"problems": problems,
+            "places": [{k: p[k] for k in ("rank", "host", "local_rank", "local_size",
+                                          "cross_rank", "cross_size")} for p in places]}
+
+
+class Counter:
+    """An executable: state that lives in each worker between calls."""
+
+    def __init__(self, start: int) -> None:
+        self.value = start
+
+    def add(self) -> int:
+        self.value += 1
+        return self.value
+
+
+def elastic(args: argparse.Namespace) -> dict:
+    """The elastic digits job (tests/torch/workers/elastic_digits_worker.py) on 2 workers,
+    rank 1 SIGKILLed after step 12 of the first generation."""
+    from horovodish.ray import RayExecutor
+    ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=1,
+                     max_workers=2, reset_limit=2)
+    ex.start()
+    log_dir = args.log_dir
+
+    def train() -> str:
+        import runpy
+        sys.argv = [str(ELASTIC_WORKER), log_dir, "--kill", "1", "12"]
+        runpy.run_path(str(ELASTIC_WORKER), run_name="__main__")
+        return "done"
+    results = ex.run(train)
+    ex.shutdown()
+    return {"problems": [] if results == ["done", "done"] else [f"results {results}"],
+            "generations": ex.elastic.generations}
+
+
+def train(args: argparse.Namespace) -> dict:
+    """The main job's model (examples/pytorch_digits.py) under Ray Train: our backend
+    in DataParallelTrainer, or TorchTrainer with hvd.init() in the loop."""
+    import ray.train
+    from ray.train import RunConfig, ScalingConfig
+
+    def loop(config: dict) -> None:
+        import tempfile
+
+        import pytorch_digits
+
+        import horovodish.torch as hvd
+        hvd.init()
+        accuracy, _ = pytorch_digits.train(pytorch_digits.parse_args(["--epochs", "20"]))
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, f"rank{hvd.rank()}.json").write_text(json.dumps(accuracy))
+            ray.train.report({"accuracy": accuracy, "size": hvd.size()},
+                             checkpoint=ray.train.Checkpoint.from_directory(folder))
+    scaling = ScalingConfig(num_workers=2)
+    run = RunConfig(name=args.scenario, storage_path=args.storage)
+    if args.scenario == "train-horovodish":
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+        from horovodish.ray import HorovodishConfig
+        trainer = DataParallelTrainer(loop, backend_config=HorovodishConfig(),
+                                      scaling_config=scaling, run_config=run)
+    else:
+        from ray.train.torch import TorchTrainer
+        trainer = TorchTrainer(loop, scaling_config=scaling, run_config=run)
+    result = trainer.fit()
+    files = sorted(os.listdir(result.checkpoint.to_directory()))
+    problems = [] if files == ["rank0.json", "rank1.json"] else [f"checkpoint {files}"]
+    return {"problems": problems, "metrics": result.metrics}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("address")
+    parser.add_argument("scenario")
+    parser.add_argument("log_dir", nargs="?")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--hosts", type=int)
+    parser.add_argument("--per-host", type=int, default=1)
+    parser.add_argument("--storage", default="/tmp")
+    args = parser.parse_args()
+    ray.init(address=args.address, log_to_driver=True)
+    run = {"executor": executor, "elastic": elastic}.get(args.scenario, train)
+    outcome = run(args)
+    print("RESULT " + json.dumps(outcome, default=str), flush=True)
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""horovodish on a real Ray cluster (a local head with the machine's 2 CPUs): Horovod's
+RayExecutor (every call, results against numpy and one process on the whole batch),
+an elastic job whose actor is killed mid-training (final weights against a replay of
+what survived), and the Ray Train backend and TorchTrainer training the main job's
+model to its accuracy. The two-host cluster's tests are in
+tests/cluster/test_ray_cluster.py."""
+from __future__ import annotations
+
+import socket
+
+from elastic_replay import assert_each_sample_once_per_epoch, assert_matches_replay, read
+from ray_cluster import run_driver
+
+
+def test_executor_runs_every_call_on_every_rank(ray_head):
+    outcome = run_driver(ray_head.address, "executor", "--workers", "2")
+    assert outcome["problems"] == [], outcome["output"]
+    here = socket.gethostname()
+    assert [(p["rank"], p["host"], p["local_rank"], p["local_size"]) for p in
+            outcome["places"]] == [(0, here, 0, 2), (1, here, 1, 2)], outcome
+
+
+def test_an_actor_killed_mid_training_and_the_job_goes_on(ray_head, tmp_path):
+    """min_workers=1, max_workers=2: rank 1's actor SIGKILLs itself after step 12; the
+    next generation (2 workers again, Ray has the slots) resumes from commit 2."""
+    outcome = run_driver(ray_head.address, "elastic", str(tmp_path), timeout=400)
+    assert outcome["problems"] == [] and outcome["generations"] == [2, 2], outcome
+    schedule = read(tmp_path)
+    first, second = schedule.generations
+    assert (first.size, second.size) == (2, 2)
+    assert second.resume_step == 10 and second.resume_seq == 2, second
+    assert_each_sample_once_per_epoch(schedule, 1797)
+    assert_matches_replay(tmp_path, schedule)
+
+
+def test_ray_train_backend_trains_the_main_job(ray_head, tmp_path):
+    outcome = run_driver(ray_head.address, "train-horovodish", "--storage", str(tmp_path))
+    assert outcome["problems"] == [], outcome["output"]
+    assert outcome["metrics"]["size"] == 2 and outcome["metrics"]["accuracy"] >= 0.95, outcome
+
+
+def test_torch_trainer_scripts_that_call_hvd_init(ray_head, tmp_path):
+    outcome = run_driver(ray_head.address, "train-torch", "--storage", str(tmp_path))
+    assert outcome["problems"] == [], outcome["output"]
+    assert outcome["metrics"]["size"] == 2 and outcome["metrics"]["accuracy"] >= 0.95, outcome
