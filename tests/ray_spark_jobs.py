@@ -4,11 +4,15 @@ checks their results against: numpy on every rank's inputs, or one process on th
 whole batch."""
 from __future__ import annotations
 
+import runpy
 import socket
+import sys
+from pathlib import Path
 
 import numpy as np
 
 FEATURES, PER_RANK, STEPS, LR = 8, 4, 3, 0.1
+ELASTIC_WORKER = Path(__file__).parent / "torch" / "workers" / "elastic_digits_worker.py"
 
 
 def contribution(rank: int, count: int = 11) -> np.ndarray:
@@ -112,3 +116,11 @@ def raise_on(rank_to_fail: int) -> int:
         raise ValueError(f"rank {rank_to_fail} failed on purpose")
     hvd.barrier()
     return hvd.rank()
+
+
+def elastic_digits(log_dir: str) -> str:
+    """tests/torch/workers/elastic_digits_worker.py as a function, rank 1 SIGKILLing
+    itself after step 12 of the first generation (the tests read its logs)."""
+    sys.argv = [str(ELASTIC_WORKER), log_dir, "--kill", "1", "12"]
+    runpy.run_path(str(ELASTIC_WORKER), run_name="__main__")
+    return "done"

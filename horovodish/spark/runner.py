@@ -28,6 +28,7 @@ from typing import Any, Callable, TextIO
 import cloudpickle
 
 from ..common.elastic_store import ENV_DIR
+from ..common.runtime.launcher_link import ENV_GENERATION
 from ..common.world.driver_world import DriverWorld
 from ..common.world.launch_env import SERVER_VARIABLE
 
@@ -95,8 +96,10 @@ def run_elastic(fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = 
     os.rmdir(commits)  # each host's first rank makes it, mode 0700 (elastic_store)
     resets = 0
     while True:
+        # (The attempt is the job's generation: launcher_link.generation() in the ranks.)
         outcomes = _stage(context, fn, tuple(args), dict(kwargs or {}), size,
-                          _start_timeout(start_timeout), {**(env or {}), ENV_DIR: commits},
+                          _start_timeout(start_timeout),
+                          {**(env or {}), ENV_DIR: commits, ENV_GENERATION: str(resets + 1)},
                           None)
         _report(outcomes, stdout, stderr)
         if all(outcome.exit_code == 0 for outcome in outcomes):

@@ -20,8 +20,6 @@ import ray
 
 import ray_spark_jobs as jobs
 
-ELASTIC_WORKER = Path(__file__).resolve().parents[1] / "torch" / "workers" / \
-    "elastic_digits_worker.py"
 
 
 def executor(args: argparse.Namespace) -> dict:
@@ -70,14 +68,7 @@ def elastic(args: argparse.Namespace) -> dict:
     ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=1,
                      max_workers=2, reset_limit=2)
     ex.start()
-    log_dir = args.log_dir
-
-    def train() -> str:
-        import runpy
-        sys.argv = [str(ELASTIC_WORKER), log_dir, "--kill", "1", "12"]
-        runpy.run_path(str(ELASTIC_WORKER), run_name="__main__")
-        return "done"
-    results = ex.run(train)
+    results = ex.run(jobs.elastic_digits, args=[args.log_dir])
     ex.shutdown()
     return {"problems": [] if results == ["done", "done"] else [f"results {results}"],
             "generations": ex.elastic.generations}

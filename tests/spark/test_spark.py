@@ -1,0 +1,65 @@
+"""horovodish on a real Spark cluster (local-cluster: separate executor JVMs):
+``horovodish.spark.run`` with torch and with TensorFlow (values in rank order, against
+numpy and one process on the whole batch), a raising rank failing the call with its
+message, ``run_elastic`` going on from the last commit after a rank is killed (final
+weights against a replay), and Spark's own TorchDistributor running a horovodish torch
+script."""
+from __future__ import annotations
+
+import pickle
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ray_spark_jobs as jobs
+from elastic_replay import assert_each_sample_once_per_epoch, assert_matches_replay, read
+
+import horovodish.spark
+
+SCRIPT = Path(__file__).parent / "workers" / "distributor_script.py"
+
+
+def test_run_gives_every_rank_s_value_in_rank_order(spark):
+    places = horovodish.spark.run(jobs.collectives, num_proc=2)
+    assert jobs.collective_problems(places) == []
+    weights = horovodish.spark.run(jobs.torch_training, num_proc=2)
+    for w in weights:
+        np.testing.assert_allclose(w, jobs.reference_weights(2), rtol=1e-10, atol=1e-12)
+
+
+def test_run_with_tensorflow(spark):
+    weights = horovodish.spark.run(jobs.tensorflow_training)  # num_proc: parallelism, 2
+    assert len(weights) == 2
+    for w in weights:
+        np.testing.assert_allclose(w, jobs.reference_weights(2), rtol=1e-10, atol=1e-12)
+
+
+def test_a_raising_rank_fails_the_call_with_its_message(spark):
+    with pytest.raises(horovodish.spark.SparkJobError,
+                       match=r"rank 1 failed: ValueError: rank 1 failed on purpose"):
+        horovodish.spark.run(jobs.raise_on, args=(1,), num_proc=2)
+
+
+def test_run_elastic_goes_on_from_the_last_commit(spark, tmp_path):
+    assert horovodish.spark.run_elastic(jobs.elastic_digits, args=(str(tmp_path),),
+                                        num_proc=2, reset_limit=1) == ["done", "done"]
+    schedule = read(tmp_path)
+    first, second = schedule.generations
+    assert (first.size, second.size) == (2, 2)
+    assert second.resume_step == 10 and second.resume_seq == 2, second
+    assert_each_sample_once_per_epoch(schedule, 1797)
+    assert_matches_replay(tmp_path, schedule)
+
+
+def test_torch_distributor_runs_a_horovodish_script(spark, tmp_path):
+    from pyspark.ml.torch.distributor import TorchDistributor
+    TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+        str(SCRIPT), str(tmp_path))
+    results = [pickle.loads((tmp_path / f"rank{r}.pickle").read_bytes()) for r in range(2)]
+    assert jobs.collective_problems(results) == []
+    assert [r["LOCAL_RANK"] for r in results] == ["0", "0"]  # as TorchDistributor gives
+    here = socket.gethostname()
+    assert [(r["host"], r["local_rank"], r["local_size"]) for r in results] == \
+        [(here, 0, 2), (here, 1, 2)]
