@@ -75,7 +75,7 @@ class RayNode:
         if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=15)
+                self.process.wait(timeout=5)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
         kill_tree(self.process.pid)
