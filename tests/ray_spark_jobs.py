@@ -124,3 +124,14 @@ def elastic_digits(log_dir: str) -> str:
     sys.argv = [str(ELASTIC_WORKER), log_dir, "--kill", "1", "12"]
     runpy.run_path(str(ELASTIC_WORKER), run_name="__main__")
     return "done"
+
+
+def horovod_style() -> tuple[int, int, list[float]]:
+    """A function as a Horovod script writes it (``import horovod.torch``: the compat
+    alias must be on the ranks' PYTHONPATH)."""
+    import torch
+
+    import horovod.torch as hvd
+    hvd.init()
+    return hvd.rank(), hvd.size(), hvd.allreduce(torch.ones(2) * (hvd.rank() + 1),
+                                                 op=hvd.Sum).tolist()

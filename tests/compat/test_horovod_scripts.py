@@ -28,10 +28,22 @@ def test_the_module_prints_the_alias_directory():
 
 
 def test_a_horovod_module_that_horovodish_lacks_is_not_found():
-    code = "import horovod.spark"
+    code = "import horovod.mxnet"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**os.environ, **alias_env()})
-    assert result.returncode != 0 and "horovod.spark" in result.stderr, result.stderr
+    assert result.returncode != 0 and "horovod.mxnet" in result.stderr, result.stderr
+
+
+def test_horovod_ray_and_spark_are_horovodish_s():
+    code = ("import horovod.ray, horovod.spark, horovodish.ray, horovodish.spark\n"
+            "from horovod.ray import RayExecutor, ElasticRayExecutor, BaseHorovodWorker\n"
+            "assert RayExecutor is horovodish.ray.RayExecutor\n"
+            "assert ElasticRayExecutor is horovodish.ray.ElasticRayExecutor\n"
+            "assert horovod.spark.run is horovodish.spark.run\n"
+            "assert horovod.spark.run_elastic is horovodish.spark.run_elastic\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, **alias_env()})
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize("np", [2, 3])

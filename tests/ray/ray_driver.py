@@ -2,7 +2,7 @@
 its results against the references of tests/ray_spark_jobs.py, and prints one line
 ``RESULT {json}`` (``problems``: what differed; empty when all is right).
 
-    python ray_driver.py ADDRESS executor --workers 2
+    python ray_driver.py ADDRESS executor --workers 2 [--via-horovod]
     python ray_driver.py ADDRESS executor --hosts 2 --per-host 2
     python ray_driver.py ADDRESS elastic LOG_DIR
     python ray_driver.py ADDRESS train-horovodish | train-torch
@@ -23,7 +23,10 @@ import ray_spark_jobs as jobs
 
 
 def executor(args: argparse.Namespace) -> dict:
-    from horovodish.ray import RayExecutor
+    if args.via_horovod:  # Horovod's import, through the compat alias
+        from horovod.ray import RayExecutor
+    else:
+        from horovodish.ray import RayExecutor
     settings = RayExecutor.create_settings(timeout_s=60)
     if args.hosts:
         ex = RayExecutor(settings, num_hosts=args.hosts, num_workers_per_host=args.per_host)
@@ -33,6 +36,10 @@ def executor(args: argparse.Namespace) -> dict:
     try:
         places = ex.run(jobs.collectives)
         problems = jobs.collective_problems(places)
+        if args.via_horovod:
+            alike = ex.run(jobs.horovod_style)
+            problems += [] if alike == [(r, len(places), [3.0, 3.0]) for r in
+                                        range(len(places))] else [f"horovod_style {alike}"]
         weights = ex.run(jobs.torch_training)
         want = jobs.reference_weights(len(weights))
         problems += [f"rank {r}: weights {w}, want {want}" for r, w in enumerate(weights)
@@ -118,8 +125,14 @@ def main() -> None:
     parser.add_argument("--hosts", type=int)
     parser.add_argument("--per-host", type=int, default=1)
     parser.add_argument("--storage", default="/tmp")
+    parser.add_argument("--via-horovod", action="store_true",
+                        help="import RayExecutor as horovod.ray's (the compat alias)")
     args = parser.parse_args()
-    ray.init(address=args.address, log_to_driver=True)
+    # With the compat alias, the workers get the driver's PYTHONPATH (its directory) as
+    # a Ray job passes its environment on: through the job's runtime_env.
+    runtime_env = {"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}} \
+        if args.via_horovod else None
+    ray.init(address=args.address, log_to_driver=True, runtime_env=runtime_env)
     run = {"executor": executor, "elastic": elastic}.get(args.scenario, train)
     outcome = run(args)
     print("RESULT " + json.dumps(outcome, default=str), flush=True)

@@ -6,6 +6,7 @@ model to its accuracy. The two-host cluster's tests are in
 tests/cluster/test_ray_cluster.py."""
 from __future__ import annotations
 
+import os
 import socket
 
 from elastic_replay import assert_each_sample_once_per_epoch, assert_matches_replay, read
@@ -13,7 +14,12 @@ from ray_cluster import run_driver
 
 
 def test_executor_runs_every_call_on_every_rank(ray_head):
-    outcome = run_driver(ray_head.address, "executor", "--workers", "2")
+    """Imported as Horovod's scripts do (``from horovod.ray import RayExecutor``, the
+    ranks' ``import horovod.torch``), through the compat alias."""
+    from horovodish.compat import alias_path
+    path = os.pathsep.join([alias_path(), os.environ.get("PYTHONPATH", "")])
+    outcome = run_driver(ray_head.address, "executor", "--workers", "2", "--via-horovod",
+                         env={"PYTHONPATH": path})
     assert outcome["problems"] == [], outcome["output"]
     here = socket.gethostname()
     assert [(p["rank"], p["host"], p["local_rank"], p["local_size"]) for p in

@@ -6,8 +6,10 @@ weights against a replay), and Spark's own TorchDistributor running a horovodish
 script."""
 from __future__ import annotations
 
+import os
 import pickle
 import socket
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -63,3 +65,19 @@ def test_torch_distributor_runs_a_horovodish_script(spark, tmp_path):
     here = socket.gethostname()
     assert [(r["host"], r["local_rank"], r["local_size"]) for r in results] == \
         [(here, 0, 2), (here, 1, 2)]
+
+
+def test_a_horovod_spark_run_script_through_the_compat_alias(spark):
+    """``import horovod.spark; horovod.spark.run(fn)`` with fn's own ``import
+    horovod.torch``: both resolve to horovodish through the alias."""
+    from horovodish.compat import alias_path
+    path = os.pathsep.join([alias_path(), os.environ.get("PYTHONPATH", "")])
+    sys.path.insert(0, alias_path())
+    try:
+        import horovod.spark
+        results = horovod.spark.run(jobs.horovod_style, num_proc=2, env={"PYTHONPATH": path})
+    finally:
+        sys.path.remove(alias_path())
+        for name in [n for n in sys.modules if n == "horovod" or n.startswith("horovod.")]:
+            del sys.modules[name]
+    assert results == [(0, 2, [3.0, 3.0]), (1, 2, [3.0, 3.0])]
