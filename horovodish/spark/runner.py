@@ -181,8 +181,14 @@ def _stage(context: Any, fn: Callable, args: tuple, kwargs: dict, size: int,
     finally:
         world.stop()
     if "error" in found:
+        spark_says = str(found["error"]).split("\n\tat ")[0].strip()
+        if "BarrierJobSlotsNumberCheckFailed" in spark_says:
+            raise RuntimeError(
+                f"horovodish.spark.run: {size} ranks need {size} task slots at once (one "
+                "barrier stage), and the cluster has fewer: give it more executor cores, "
+                f"or pass a smaller num_proc. Spark: {spark_says}") from found["error"]
         raise RuntimeError(f"the Spark stage of horovodish.spark.run failed: "
-                           f"{found['error']}") from found["error"]
+                           f"{spark_says}") from found["error"]
     return sorted((cloudpickle.loads(row) for row in found["rows"]), key=lambda o: o.rank)
 
 

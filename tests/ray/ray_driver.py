@@ -4,6 +4,7 @@ its results against the references of tests/ray_spark_jobs.py, and prints one li
 
     python ray_driver.py ADDRESS executor --workers 2 [--via-horovod]
     python ray_driver.py ADDRESS executor --hosts 2 --per-host 2
+    python ray_driver.py ADDRESS infeasible --workers 3
     python ray_driver.py ADDRESS elastic LOG_DIR
     python ray_driver.py ADDRESS train-horovodish | train-torch
 """
@@ -66,6 +67,20 @@ class Counter:
     def add(self) -> int:
         self.value += 1
         return self.value
+
+
+def infeasible(args: argparse.Namespace) -> dict:
+    """More workers than the cluster has CPUs: start() times out, shutdown() still works."""
+    from horovodish.ray import RayExecutor
+    ex = RayExecutor(RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=3),
+                     num_workers=args.workers)
+    try:
+        ex.start()
+        problems = ["start() did not time out"]
+    except TimeoutError as exc:
+        problems = [] if "Placement group creation timed out" in str(exc) else [str(exc)]
+    ex.shutdown()
+    return {"problems": problems}
 
 
 def elastic(args: argparse.Namespace) -> dict:
@@ -133,7 +148,8 @@ def main() -> None:
     runtime_env = {"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}} \
         if args.via_horovod else None
     ray.init(address=args.address, log_to_driver=True, runtime_env=runtime_env)
-    run = {"executor": executor, "elastic": elastic}.get(args.scenario, train)
+    run = {"executor": executor, "elastic": elastic, "infeasible": infeasible}.get(
+        args.scenario, train)
     outcome = run(args)
     print("RESULT " + json.dumps(outcome, default=str), flush=True)
     ray.shutdown()

@@ -26,6 +26,11 @@ def test_executor_runs_every_call_on_every_rank(ray_head):
             outcome["places"]] == [(0, here, 0, 2), (1, here, 1, 2)], outcome
 
 
+def test_more_workers_than_the_cluster_holds_time_out_in_start(ray_head):
+    outcome = run_driver(ray_head.address, "infeasible", "--workers", "3")
+    assert outcome["problems"] == [], outcome["output"]
+
+
 def test_an_actor_killed_mid_training_and_the_job_goes_on(ray_head, tmp_path):
     """min_workers=1, max_workers=2: rank 1's actor SIGKILLs itself after step 12; the
     next generation (2 workers again, Ray has the slots) resumes from commit 2."""

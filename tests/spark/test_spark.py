@@ -44,6 +44,15 @@ def test_a_raising_rank_fails_the_call_with_its_message(spark):
         horovodish.spark.run(jobs.raise_on, args=(1,), num_proc=2)
 
 
+def test_more_ranks_than_task_slots_fail_the_call(spark):
+    """3 ranks on 2 executor cores: a barrier stage that cannot be scheduled whole.
+    (This session's Spark gives up on it at once; with Spark's defaults it retries for
+    minutes, and the start timeout ends the wait: TimeoutError.)"""
+    with pytest.raises((RuntimeError, TimeoutError),
+                       match=r"Timed out waiting for Spark tasks|3 ranks need 3 task slots"):
+        horovodish.spark.run(jobs.collectives, num_proc=3, start_timeout=20)
+
+
 def test_run_elastic_goes_on_from_the_last_commit(spark, tmp_path):
     assert horovodish.spark.run_elastic(jobs.elastic_digits, args=(str(tmp_path),),
                                         num_proc=2, reset_limit=1) == ["done", "done"]
