@@ -23,6 +23,7 @@ from ..common.elastic_store import ENV_DIR
 from ..common.runtime.launcher_link import ENV_DRIVER, ENV_GENERATION, ENV_TOKEN
 from ..common.world.rendezvous import addresses_toward
 from . import world
+from .settings import Settings
 from .worker import RESTART
 
 FAILURE_GRACE_S = 10.0   # after one rank fails: how long the others get to report
@@ -191,16 +192,14 @@ class ElasticRayExecutor:
                         reset_limit: int | None = None, elastic_timeout: int = 600,
                         timeout_s: int = 30, ssh_identity_file: str | None = None,
                         nics: str | None = None, min_np: int | None = None,
-                        max_np: int | None = None, **kwargs: Any) -> Any:
-        from .executor import Settings
-        settings = Settings(nics=nics, ssh_identity_file=ssh_identity_file,
-                            timeout_s=timeout_s, elastic=True, extra=dict(kwargs))
-        settings.min_num_proc = min_np if min_np is not None else min_num_proc
-        settings.max_num_proc = max_np if max_np is not None else max_num_proc
-        settings.reset_limit, settings.elastic_timeout = reset_limit, elastic_timeout
-        return settings
+                        max_np: int | None = None, **kwargs: Any) -> Settings:
+        return Settings(nics=nics, ssh_identity_file=ssh_identity_file, timeout_s=timeout_s,
+                        elastic=True, extra=dict(kwargs),
+                        min_num_proc=min_np if min_np is not None else min_num_proc,
+                        max_num_proc=max_np if max_np is not None else max_num_proc,
+                        reset_limit=reset_limit, elastic_timeout=elastic_timeout)
 
-    def __init__(self, settings: Any, use_gpu: bool = False, cpus_per_slot: float = 1,
+    def __init__(self, settings: Settings, use_gpu: bool = False, cpus_per_slot: float = 1,
                  gpus_per_slot: int | None = None, env_vars: dict | None = None,
                  override_discovery: bool = True) -> None:
         if gpus_per_slot is not None and not use_gpu:
@@ -208,11 +207,10 @@ class ElasticRayExecutor:
                              "True if gpus_per_slot is set.")
         if use_gpu and gpus_per_slot is not None and gpus_per_slot < 1:
             raise ValueError(f"gpus_per_slot must be >= 1: Got {gpus_per_slot}.")
-        self.job = ElasticJob(settings.timeout_s, getattr(settings, "min_num_proc", 1),
-                              getattr(settings, "max_num_proc", None), cpus_per_slot,
-                              gpus_per_slot or int(use_gpu), use_gpu,
-                              getattr(settings, "reset_limit", None),
-                              getattr(settings, "elastic_timeout", 600))
+        self.job = ElasticJob(settings.timeout_s, settings.min_num_proc,
+                              settings.max_num_proc, cpus_per_slot,
+                              gpus_per_slot or int(use_gpu), use_gpu, settings.reset_limit,
+                              settings.elastic_timeout)
         self.job.env_vars = dict(env_vars or {})
 
     def start(self) -> None:

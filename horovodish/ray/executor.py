@@ -16,26 +16,11 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import placement, world
 from .elastic import ElasticJob
-
-
-@dataclass
-class Settings:
-    """Horovod's executor settings (only ``timeout_s``, ``placement_group_timeout_s``
-    and ``nics`` matter here: no ssh is involved)."""
-
-    nics: set | None = None
-    verbose: int = 1
-    ssh_port: int | None = None
-    ssh_identity_file: str | None = None
-    timeout_s: int = 300
-    placement_group_timeout_s: int = 100
-    elastic: bool = False
-    extra: dict = field(default_factory=dict)
+from .settings import Settings
 
 
 class RayExecutor:
