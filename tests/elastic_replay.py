@@ -135,3 +135,17 @@ def assert_batches_went_on_from_the_last_commit(result, log_dir: Path) -> None:
     survived = done[:10] + [(r["epoch"], r["batch"]) for r in logs[2] if r["kind"] == "step"]
     steps = max(b for _, b in survived)
     assert survived == [(e, b) for e in range(2) for b in range(1, steps + 1)], survived
+
+
+def assert_resumed_after_a_kill_at_step_12(log_dir: Path, sizes: tuple[int, int]) -> None:
+    """The worker's ``--kill RANK 12`` run (commits every 5 steps), under any launcher
+    that starts the job again: two generations of ``sizes``, the second resumed from
+    commit 2 (step 10) with steps 11 and 12 rolled back, each sample once an epoch, and
+    the final weights the replay's."""
+    schedule = read(log_dir)
+    first, second = schedule.generations
+    assert (first.size, second.size) == sizes, schedule.generations
+    assert second.resume_step == 10 and second.resume_seq == 2, second
+    assert schedule.rolled_back == 2, schedule
+    assert_each_sample_once_per_epoch(schedule, 1797)
+    assert_matches_replay(log_dir, schedule)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import ray_spark_jobs as jobs
-from elastic_replay import assert_each_sample_once_per_epoch, assert_matches_replay, read
+from elastic_replay import assert_resumed_after_a_kill_at_step_12
 
 import horovodish.spark
 
@@ -56,12 +56,7 @@ def test_more_ranks_than_task_slots_fail_the_call(spark):
 def test_run_elastic_goes_on_from_the_last_commit(spark, tmp_path):
     assert horovodish.spark.run_elastic(jobs.elastic_digits, args=(str(tmp_path),),
                                         num_proc=2, reset_limit=1) == ["done", "done"]
-    schedule = read(tmp_path)
-    first, second = schedule.generations
-    assert (first.size, second.size) == (2, 2)
-    assert second.resume_step == 10 and second.resume_seq == 2, second
-    assert_each_sample_once_per_epoch(schedule, 1797)
-    assert_matches_replay(tmp_path, schedule)
+    assert_resumed_after_a_kill_at_step_12(tmp_path, (2, 2))
 
 
 def test_torch_distributor_runs_a_horovodish_script(spark, tmp_path):
