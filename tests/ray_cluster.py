@@ -79,8 +79,11 @@ class RayNode:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
         kill_tree(self.process.pid)
-        for pid in processes_of(self.temp_dir):
-            kill_tree(pid)
+        deadline = time.monotonic() + 15
+        while processes_of(self.temp_dir) and time.monotonic() < deadline:
+            for pid in processes_of(self.temp_dir):  # (a dying raylet may start more)
+                kill_tree(pid)
+            time.sleep(0.2)
         self.log.close()
 
 

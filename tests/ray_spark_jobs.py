@@ -91,6 +91,10 @@ def torch_training() -> np.ndarray:
     return weights.detach().numpy()
 
 
+def collectives_and_training() -> tuple[dict, np.ndarray]:
+    return collectives(), torch_training()
+
+
 def tensorflow_training() -> np.ndarray:
     """DistributedGradientTape on this rank's part of each batch; the final weights."""
     import tensorflow as tf
@@ -118,10 +122,11 @@ def raise_on(rank_to_fail: int) -> int:
     return hvd.rank()
 
 
-def elastic_digits(log_dir: str) -> str:
-    """tests/torch/workers/elastic_digits_worker.py as a function, rank 1 SIGKILLing
-    itself after step 12 of the first generation (the tests read its logs)."""
-    sys.argv = [str(ELASTIC_WORKER), log_dir, "--kill", "1", "12"]
+def elastic_digits(log_dir: str, *flags: str) -> str:
+    """tests/torch/workers/elastic_digits_worker.py as a function, with its flags
+    (``--kill 1 12``: rank 1 SIGKILLs itself after step 12 of the first generation);
+    the tests read its logs."""
+    sys.argv = [str(ELASTIC_WORKER), log_dir, *flags]
     runpy.run_path(str(ELASTIC_WORKER), run_name="__main__")
     return "done"
 

@@ -29,6 +29,14 @@ from .worker import RESTART
 FAILURE_GRACE_S = 10.0   # after one rank fails: how long the others get to report
 
 
+def discovery_of(settings: Settings, override_discovery: bool) -> Callable | None:
+    """The job's host discovery: Ray's nodes (None), or, with ``override_discovery=False``,
+    the settings' discovery object (Horovod's ``find_available_hosts_and_slots``)."""
+    if override_discovery or settings.discovery is None:
+        return None
+    return lambda: dict(settings.discovery.find_available_hosts_and_slots())
+
+
 def available_slots(cpus_per_worker: float, gpus_per_worker: int, use_gpu: bool
                     ) -> dict[str, int]:
     """Workers each alive node can hold, by node IP, in Ray's order (Horovod's
@@ -210,7 +218,8 @@ class ElasticRayExecutor:
         self.job = ElasticJob(settings.timeout_s, settings.min_num_proc,
                               settings.max_num_proc, cpus_per_slot,
                               gpus_per_slot or int(use_gpu), use_gpu, settings.reset_limit,
-                              settings.elastic_timeout)
+                              settings.elastic_timeout,
+                              discovery_of(settings, override_discovery))
         self.job.env_vars = dict(env_vars or {})
 
     def start(self) -> None:

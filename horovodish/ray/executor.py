@@ -19,7 +19,7 @@ import stat
 from typing import Any, Callable
 
 from . import placement, world
-from .elastic import ElasticJob
+from .elastic import ElasticJob, discovery_of
 from .settings import Settings
 
 
@@ -74,7 +74,8 @@ class RayExecutor:
             settings.elastic = True
             self.elastic = ElasticJob(settings.timeout_s, min_workers, max_workers,
                                       cpus_per_worker, self.gpus_per_worker, use_gpu,
-                                      reset_limit, elastic_timeout)
+                                      reset_limit, elastic_timeout,
+                                      discovery_of(settings, override_discovery))
         self._placement: placement.Placement | None = None
         self._actors: world.ActorWorld | None = None
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -21,4 +22,7 @@ class Settings:
     max_num_proc: int | None = None
     reset_limit: int | None = None
     elastic_timeout: float = 600
+    # With override_discovery=False: an object whose find_available_hosts_and_slots()
+    # gives {node IP: workers} (Horovod's discovery interface); None: Ray's nodes.
+    discovery: Any = None
     extra: dict = field(default_factory=dict)

@@ -5,7 +5,7 @@ its results against the references of tests/ray_spark_jobs.py, and prints one li
     python ray_driver.py ADDRESS executor --workers 2 [--via-horovod]
     python ray_driver.py ADDRESS executor --hosts 2 --per-host 2
     python ray_driver.py ADDRESS infeasible --workers 3
-    python ray_driver.py ADDRESS elastic LOG_DIR
+    python ray_driver.py ADDRESS elastic LOG_DIR | grow LOG_DIR
     python ray_driver.py ADDRESS train-horovodish | train-torch
 """
 from __future__ import annotations
@@ -90,7 +90,36 @@ def elastic(args: argparse.Namespace) -> dict:
     ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=1,
                      max_workers=2, reset_limit=2)
     ex.start()
-    results = ex.run(jobs.elastic_digits, args=[args.log_dir])
+    results = ex.run(jobs.elastic_digits, args=[args.log_dir, "--kill", "1", "12"])
+    ex.shutdown()
+    return {"problems": [] if results == ["done", "done"] else [f"results {results}"],
+            "generations": ex.elastic.generations}
+
+
+class FileDiscovery:
+    """Horovod's discovery interface over a file of ``ip:slots`` lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        return {line.rsplit(":", 1)[0]: int(line.rsplit(":", 1)[1])
+                for line in self.path.read_text().split()}
+
+
+def grow(args: argparse.Namespace) -> dict:
+    """The elastic digits job starting on 1 worker; after step 8 rank 0 writes a second
+    slot into the discovery's file, and the job goes on with 2 from its next commit."""
+    from horovodish.ray import RayExecutor
+    settings = RayExecutor.create_settings(timeout_s=60)
+    hosts = Path(args.log_dir) / "hosts.txt"
+    ip = ray.util.get_node_ip_address()
+    hosts.write_text(f"{ip}:1\n")
+    settings.discovery = FileDiscovery(hosts)
+    ex = RayExecutor(settings, min_workers=1, max_workers=2, override_discovery=False)
+    ex.start()
+    results = ex.run(jobs.elastic_digits,
+                     args=[args.log_dir, "--grow", str(hosts), f"{ip}:2", "8"])
     ex.shutdown()
     return {"problems": [] if results == ["done", "done"] else [f"results {results}"],
             "generations": ex.elastic.generations}
@@ -148,8 +177,8 @@ def main() -> None:
     runtime_env = {"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}} \
         if args.via_horovod else None
     ray.init(address=args.address, log_to_driver=True, runtime_env=runtime_env)
-    run = {"executor": executor, "elastic": elastic, "infeasible": infeasible}.get(
-        args.scenario, train)
+    run = {"executor": executor, "elastic": elastic, "grow": grow,
+           "infeasible": infeasible}.get(args.scenario, train)
     outcome = run(args)
     print("RESULT " + json.dumps(outcome, default=str), flush=True)
     ray.shutdown()

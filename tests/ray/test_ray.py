@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import socket
 
-from elastic_replay import assert_resumed_after_a_kill_at_step_12
+from elastic_replay import (assert_each_sample_once_per_epoch, assert_matches_replay,
+                            assert_resumed_after_a_kill_at_step_12, read)
 from ray_cluster import run_driver
 
 
@@ -37,6 +38,20 @@ def test_an_actor_killed_mid_training_and_the_job_goes_on(ray_head, tmp_path):
     outcome = run_driver(ray_head.address, "elastic", str(tmp_path), timeout=400)
     assert outcome["problems"] == [] and outcome["generations"] == [2, 2], outcome
     assert_resumed_after_a_kill_at_step_12(tmp_path, (2, 2))
+
+
+def test_new_slots_join_at_the_next_commit(ray_head, tmp_path):
+    """A discovery (Horovod's interface, override_discovery=False) that gives 1 slot,
+    then 2 once rank 0 has written so after step 8: the next commit ends generation 1
+    and generation 2 runs on 2 workers from it, nothing rolled back."""
+    outcome = run_driver(ray_head.address, "grow", str(tmp_path), timeout=400)
+    assert outcome["problems"] == [] and outcome["generations"] == [1, 2], outcome
+    schedule = read(tmp_path)
+    first, second = schedule.generations
+    assert (first.size, second.size) == (1, 2)
+    assert schedule.rolled_back == 0 and second.resume_step > 8, second
+    assert_each_sample_once_per_epoch(schedule, 1797)
+    assert_matches_replay(tmp_path, schedule)
 
 
 def test_ray_train_backend_trains_the_main_job(ray_head, tmp_path):

@@ -51,6 +51,7 @@ def spark():
                .config("spark.executor.memory", "512m").config("spark.ui.enabled", "false")
                .config("spark.task.maxFailures", "1")
                .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
+               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
                .getOrCreate())
     try:
         yield session

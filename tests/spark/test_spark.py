@@ -24,11 +24,11 @@ SCRIPT = Path(__file__).parent / "workers" / "distributor_script.py"
 
 
 def test_run_gives_every_rank_s_value_in_rank_order(spark):
-    places = horovodish.spark.run(jobs.collectives, num_proc=2)
-    assert jobs.collective_problems(places) == []
-    weights = horovodish.spark.run(jobs.torch_training, num_proc=2)
-    for w in weights:
-        np.testing.assert_allclose(w, jobs.reference_weights(2), rtol=1e-10, atol=1e-12)
+    results = horovodish.spark.run(jobs.collectives_and_training, num_proc=2)
+    assert jobs.collective_problems([places for places, _ in results]) == []
+    for _, weights in results:
+        np.testing.assert_allclose(weights, jobs.reference_weights(2), rtol=1e-10,
+                                   atol=1e-12)
 
 
 def test_run_with_tensorflow(spark):
@@ -54,7 +54,7 @@ def test_more_ranks_than_task_slots_fail_the_call(spark):
 
 
 def test_run_elastic_goes_on_from_the_last_commit(spark, tmp_path):
-    assert horovodish.spark.run_elastic(jobs.elastic_digits, args=(str(tmp_path),),
+    assert horovodish.spark.run_elastic(jobs.elastic_digits, args=(str(tmp_path), "--kill", "1", "12"),
                                         num_proc=2, reset_limit=1) == ["done", "done"]
     assert_resumed_after_a_kill_at_step_12(tmp_path, (2, 2))
 
