@@ -270,13 +270,15 @@ def _launchers(record: dict[str, Any]) -> str:
     rows = [[launcher, f"{row['allreduce_64mib_ms']:.2f}", f"{row['mpi_allreduce_64mib_ms']:.2f}",
              f"{row['mlp_steps_per_s']:.1f}", f"{row['mlp_over_ddp']:.2f}×"]
             for launcher, row in f["launchers"].items()]
-    ratio = f["torchrun_over_horovodishrun"]
+    ratios = [[name, f"{r['allreduce_time']:.3f}", f"{r['mpi_allreduce_time']:.3f}",
+               f"{r['mlp_step_rate']:.3f}"] for name, r in f["over_horovodishrun"].items()]
     return (_source(record) + f"\n{f['ranks']} ranks, median of {f['rounds']} jobs under each "
             "launcher, alternating.\n\n"
             + _table(["launcher", "64 MiB allreduce_ ms", "MPI_Allreduce ms",
                       "MLP steps/s", "MLP step against DDP (gloo)"], rows)
-            + f"\ntorchrun over horovodishrun: allreduce time {ratio['allreduce_time']:.3f}, "
-            f"MLP step rate {ratio['mlp_step_rate']:.3f}.\n")
+            + "\nOver horovodishrun's (mpirun's world):\n\n"
+            + _table(["launcher", "allreduce_ time", "MPI_Allreduce time", "MLP step rate"],
+                     ratios))
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
