@@ -46,7 +46,7 @@ def test_a_raising_rank_fails_the_call_with_its_message(spark):
 
 def test_more_ranks_than_task_slots_fail_the_call(spark):
     """3 ranks on 2 executor cores: a barrier stage that cannot be scheduled whole.
-    (This session's Spark gives up on it at once; with Spark's defaults it retries for
+    (The tests' Spark gives up on it at once; with Spark's defaults it retries for
     minutes, and the start timeout ends the wait: TimeoutError.)"""
     with pytest.raises((RuntimeError, TimeoutError),
                        match=r"Timed out waiting for Spark tasks|3 ranks need 3 task slots"):
