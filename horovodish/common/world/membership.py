@@ -85,9 +85,9 @@ def _greet(addresses: list[tuple[str, int]], key: str, rank: int, size: int,
                 sock.close()
                 last = f"{_show(address)}: {exc.strerror or exc}"
                 continue
-            if len(addresses) == 1 or fields["role"] == "watch":
-                return sock, address
-            # Several candidates (ports derived from a Slurm step): another job's server
+            if len({port for _, port in addresses}) == 1 or fields["role"] == "watch":
+                return sock, address  # (one server, however many ways to reach it)
+            # Several candidate ports (derived from a Slurm step): another job's server
             # may hold one of them and refuse this key at once; ours holds the greeting.
             sock.settimeout(0.5)
             try:
