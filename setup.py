@@ -1,8 +1,10 @@
 """Packaging for horovodish: pure Python, no compiler needed."""
 from setuptools import find_packages, setup
 
-TORCH = ["torch>=2.1"]
+TORCH = ["torch>=2.0"]  # 2.0.1 is the newest torch Horovod builds against
 TENSORFLOW = ["tensorflow-cpu>=2.16", "keras>=3.0"]
+# Keras 2 for scripts written for it: TF_USE_LEGACY_KERAS=1 (docs/tensorflow.md)
+TF_KERAS = ["tf_keras>=2.16"]
 MPICH = ["mpich>=4.1"]
 JAX = ["jax>=0.4.30", "optax>=0.2"]
 RAY = ["ray[train]>=2.50"]
@@ -25,6 +27,7 @@ setup(
     extras_require={
         "torch": TORCH,
         "tensorflow": TENSORFLOW,
+        "tf_keras": TF_KERAS,
         "jax": JAX,
         "ray": RAY,
         "spark": SPARK,
@@ -34,7 +37,7 @@ setup(
         "mpich": MPICH,
         # Everything a CPU-only test machine needs; torch pinned by version (for the CPU
         # build, an index or wheel that serves it: see docs/install.md).
-        "dev": ["torch==2.13.0", *TENSORFLOW, *JAX, *MPICH, "ray[train]==2.60.0",
+        "dev": ["torch==2.13.0", *TENSORFLOW, *TF_KERAS, *JAX, *MPICH, "ray[train]==2.60.0",
                 "pyspark==4.3.0", "pytest>=7", "pytest-timeout", "scikit-learn",
                 "matplotlib"],
     },

@@ -1,7 +1,8 @@
 """``import horovodish.keras as hvd``: for scripts written against ``horovod.keras``.
 
-Horovod kept one module for standalone Keras and one for ``tf.keras``; Keras 3 is one
-Keras (on TensorFlow here), so both import lines give the same adapter,
+Horovod kept one module for standalone Keras and one for ``tf.keras``; here both are the
+Keras that ``tf.keras`` is (Keras 3, or tf_keras under TF_USE_LEGACY_KERAS=1: see
+horovodish/tensorflow/keras_flavor.py), so both import lines give the same adapter,
 ``horovodish.tensorflow.keras``, and its submodules (``horovodish.keras.callbacks``,
 ``horovodish.keras.elastic``) are the same module objects.
 """

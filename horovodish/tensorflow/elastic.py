@@ -130,10 +130,11 @@ class TensorFlowState(_VariablesState):
 
 
 def _build_optimizer(model: Any, optimizer: Any) -> None:
-    """Keras 3 builds an optimizer in its first step. Build it now: a commit taken before
+    """Keras builds an optimizer in its first step. Build it now: a commit taken before
     that step then holds the optimizer's initial state for a restore to go back to."""
-    if optimizer is not None and not optimizer.built and model.built:
-        optimizer.build(model.trainable_variables)
+    from .keras_flavor import build_optimizer, optimizer_built
+    if optimizer is not None and not optimizer_built(optimizer) and model.built:
+        build_optimizer(optimizer, model.trainable_variables)
 
 
 class TensorFlowKerasState(_VariablesState):
@@ -160,8 +161,9 @@ class TensorFlowKerasState(_VariablesState):
         from .keras.callbacks import model_state
         _build_optimizer(self.model, self.optimizer)
         variables = model_state(self.model)
-        if self._separate_optimizer() and self.optimizer.built:
-            variables += list(self.optimizer.variables)
+        from .keras_flavor import optimizer_built, optimizer_variables
+        if self._separate_optimizer() and optimizer_built(self.optimizer):
+            variables += optimizer_variables(self.optimizer)
         return variables
 
     def _sync_from(self, root: int) -> None:
@@ -170,5 +172,6 @@ class TensorFlowKerasState(_VariablesState):
         broadcast_model_state(self.model, root_rank=root)  # checks the ranks line up first
         if self._separate_optimizer():
             _build_optimizer(self.model, self.optimizer)
-            _broadcast(self.optimizer.variables, "optimizer", root)
+            from .keras_flavor import optimizer_variables
+            _broadcast(optimizer_variables(self.optimizer), "optimizer", root)
         super()._sync_from(root)

@@ -71,7 +71,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
 
 def local_layer_variables(local_layers: Any) -> list[Any]:
     """The trainable variables of a layer or of a collection of layers."""
-    import keras  # only here: horovodish.tensorflow works without touching Keras
+    # only here: horovodish.tensorflow works without touching Keras
+    from .keras_flavor import keras
 
     if local_layers is None:
         return []

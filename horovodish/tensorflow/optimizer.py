@@ -25,15 +25,16 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
     """For a Keras optimizer see horovodish.tensorflow.keras.DistributedOptimizer
     (``use_locking`` is ignored); for a ``tf.compat.v1.train.Optimizer``,
     legacy_optimizer.LegacyDistributedOptimizer."""
-    import keras
     import tensorflow as tf
+
+    from .keras_flavor import optimizer_classes
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         return _legacy(optimizer, name, use_locking, compression, sparse_as_dense,
                        backward_passes_per_step, average_aggregated_gradients, op,
                        gradient_predivide_factor,
                        groups if groups is not None else num_groups or None, process_set,
                        scale_local_gradients)
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
+    if not isinstance(optimizer, optimizer_classes()):
         raise NotImplementedError(
             f"DistributedOptimizer wraps Keras optimizers and tf.compat.v1.train "
             f"optimizers, not {type(optimizer).__name__}; for a custom loop use "

@@ -1,4 +1,4 @@
-"""SyncBatchNormalization: Keras 3 batch normalization over the global batch.
+"""SyncBatchNormalization: Keras batch normalization over the global batch.
 
 In training, each rank sums its inputs, their squares and their count per channel, and
 one allreduce (Sum) of the three gives every rank the global batch's mean and variance;
@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
 from . import errors
+from .keras_flavor import KERAS_2, keras, register_serializable
 from .mpi_ops import _allreduce
 from .naming import op_names
 
 
-@keras.saving.register_keras_serializable(package="horovodish")
+@register_serializable(package="horovodish")
 class SyncBatchNormalization(keras.layers.BatchNormalization):
     """``keras.layers.BatchNormalization`` whose training statistics span all ranks of
     ``process_set``. Inference uses the moving statistics, as usual. Not under XLA (the
@@ -35,15 +35,34 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
                              "synchronized=True is tf.distribute's and does not apply")
         if kwargs.pop("fused", None):  # Horovod's takes fused=False/None, refuses True
             raise ValueError("SyncBatchNormalization has no fused kernel; pass fused=False")
+        if KERAS_2:  # its fused kernel would compute the statistics itself
+            kwargs["fused"] = False
         super().__init__(*args, **kwargs)
         self._hvd_process_set = process_set
         self.supports_jit = False
 
-    def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
+    if KERAS_2:
+        def _calculate_mean_and_var(self, inputs: Any, reduction_axes: Any,
+                                    keep_dims: bool, mask: Any = None) -> tuple[Any, Any]:
+            """Keras 2's hook for the batch statistics."""
+            if errors.resolve(self._hvd_process_set).size() == 1:
+                return super()._calculate_mean_and_var(inputs, reduction_axes, keep_dims,
+                                                       mask=mask)
+            mean, variance = self._global_moments(inputs, list(reduction_axes), mask)
+            if keep_dims:
+                shape = [1 if i in reduction_axes else d
+                         for i, d in enumerate(tf.unstack(tf.shape(inputs)))]
+                mean, variance = tf.reshape(mean, shape), tf.reshape(variance, shape)
+            return mean, variance
+    else:
+        def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
+            """Keras 3's hook for the batch statistics."""
+            if errors.resolve(self._hvd_process_set).size() == 1:
+                return super()._moments(inputs, mask)
+            return self._global_moments(inputs, self._reduction_axes, mask)
+
+    def _global_moments(self, inputs: Any, axes: Any, mask: Any) -> tuple[Any, Any]:
         process_set = errors.resolve(self._hvd_process_set)
-        if process_set.size() == 1:
-            return super()._moments(inputs, mask)
-        axes = self._reduction_axes
         # Sums in float64: the variance is E[x^2] - E[x]^2, which cancels badly in float32
         # when the mean is large against the spread (1000 +- 0.1: 0.25 for 0.01).
         dtype = inputs.dtype

@@ -20,7 +20,9 @@ import importlib.util
 import sys
 from typing import Any, Callable
 
-_TRACE_RULES = "torch._dynamo.trace_rules"
+# Where dynamo keeps the modules it does not trace: trace_rules from torch 2.2, skipfiles
+# before (both have add(module_name)).
+_RULE_MODULES = ("torch._dynamo.trace_rules", "torch._dynamo.skipfiles")
 
 
 def compile_backend(bucket_cap_mb: float = 25.0, backend: str | Callable[..., Any] = "inductor"
@@ -39,7 +41,7 @@ def compile_backend(bucket_cap_mb: float = 25.0, backend: str | Callable[..., An
 
 def _skip_horovodish(trace_rules: Any) -> None:
     add = getattr(trace_rules, "add", None)
-    if add is not None:  # torch >= 2.1; earlier, dynamo traces into us (graph breaks)
+    if add is not None:
         add("horovodish")
 
 
@@ -48,7 +50,7 @@ class _WhenDynamoLoads(importlib.abc.MetaPathFinder):
     ourselves would cost every rank seconds at start, compiling or not."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _TRACE_RULES:
+        if name not in _RULE_MODULES:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -65,7 +67,8 @@ class _WhenDynamoLoads(importlib.abc.MetaPathFinder):
 
 def keep_collectives_out_of_graphs() -> None:
     """Make dynamo skip horovodish now, or as soon as it is imported."""
-    if _TRACE_RULES in sys.modules:
-        _skip_horovodish(sys.modules[_TRACE_RULES])
+    loaded = [sys.modules[name] for name in _RULE_MODULES if name in sys.modules]
+    if loaded:
+        _skip_horovodish(loaded[0])
     elif not any(isinstance(f, _WhenDynamoLoads) for f in sys.meta_path):
         sys.meta_path.insert(0, _WhenDynamoLoads())

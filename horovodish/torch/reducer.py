@@ -34,6 +34,7 @@ from ..common.messages import ReduceOp
 from . import mpi_ops
 from .buckets import GradientBuckets
 from .comm_hooks import CommHook, GradBucket
+from .grad_ready import register_grad_ready_hook
 from .flat_buckets import FlatBucket, plan, zero
 from .sparse import sparse_allreduce_async, sparse_zeros
 
@@ -123,7 +124,7 @@ class Reducer:
                 reducer.trigger_ready(param)
         self._grad_hook, self._bucket_hook = grad_hook, bucket_hook
         for param in self.params:
-            self._hooks[param] = param.register_post_accumulate_grad_hook(grad_hook)
+            self._hooks[param] = register_grad_ready_hook(param, grad_hook)
         self._trigger_of: dict[torch.Tensor, FlatBucket] = {}
         self._bucket_of: dict[torch.Tensor, FlatBucket] = {}
         if layout:  # flat from the start; the first step is watched for triggers
@@ -471,11 +472,10 @@ class Reducer:
                 if hook is not None:
                     hook.remove()
                 if on:
-                    self._hooks[param] = param.register_post_accumulate_grad_hook(
-                        self._grad_hook)
+                    self._hooks[param] = register_grad_ready_hook(param, self._grad_hook)
             if not on:
-                self._hooks[bucket.trigger] = \
-                    bucket.trigger.register_post_accumulate_grad_hook(self._bucket_hook)
+                self._hooks[bucket.trigger] = register_grad_ready_hook(bucket.trigger,
+                                                                     self._bucket_hook)
 
     # -- agreement ---------------------------------------------------------------------
     def _agree(self, unseen: list[torch.Tensor]) -> list[torch.Tensor] | None:

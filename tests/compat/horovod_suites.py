@@ -26,19 +26,25 @@ from horovodish.compat import alias_path
 
 HERE = Path(__file__).resolve()
 
-# (suite under test/, ranks, seconds allowed)
+KERAS_3, TF_KERAS = "Keras 3", "tf_keras"
+# (suite under test/, ranks, seconds allowed, the Keras its TensorFlow runs with). The
+# Keras suites are Keras 2 code: they run under tf_keras (TF_USE_LEGACY_KERAS=1), as
+# their users' scripts would, and under Keras 3.
 SUITES = [
-    ("parallel/test_torch.py", 2, 600),
-    ("parallel/test_tensorflow.py", 2, 1200),
-    ("parallel/test_tensorflow_process_sets.py", 3, 900),
-    ("parallel/test_process_sets_static.py", 3, 300),
-    ("parallel/test_process_sets_multi_comm.py", 3, 300),
-    ("parallel/test_tensorflow_process_sets_dynamic.py", 2, 300),
-    ("parallel/test_tensorflow2_keras.py", 2, 600),
-    ("parallel/test_adasum_pytorch.py", 2, 300),
-    ("parallel/test_adasum_tensorflow.py", 2, 300),
-    ("parallel/test_timeline.py", 2, 300),
-    ("parallel/test_common.py", 2, 300),
+    ("parallel/test_torch.py", 2, 600, KERAS_3),
+    ("parallel/test_tensorflow.py", 2, 1200, KERAS_3),
+    ("parallel/test_tensorflow.py", 2, 1200, TF_KERAS),
+    ("parallel/test_tensorflow_process_sets.py", 3, 900, KERAS_3),
+    ("parallel/test_process_sets_static.py", 3, 300, KERAS_3),
+    ("parallel/test_process_sets_multi_comm.py", 3, 300, KERAS_3),
+    ("parallel/test_tensorflow_process_sets_dynamic.py", 2, 300, KERAS_3),
+    ("parallel/test_tensorflow2_keras.py", 2, 600, KERAS_3),
+    ("parallel/test_tensorflow2_keras.py", 2, 600, TF_KERAS),
+    ("parallel/test_tensorflow2_keras_process_sets.py", 3, 600, TF_KERAS),
+    ("parallel/test_adasum_pytorch.py", 2, 300, KERAS_3),
+    ("parallel/test_adasum_tensorflow.py", 2, 300, KERAS_3),
+    ("parallel/test_timeline.py", 2, 300, KERAS_3),
+    ("parallel/test_common.py", 2, 300, KERAS_3),
 ]
 
 _COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
@@ -47,9 +53,12 @@ _COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
 _FAILED = re.compile(r"(?:SUB)?(?:FAILED|ERROR)(?:\[[^\]]*\])? (\S+::\S+)")
 
 
-def run_suite(horovod: Path, suite: str, ranks: int, limit: int) -> dict:
+def run_suite(horovod: Path, suite: str, ranks: int, limit: int, keras: str) -> dict:
     test = horovod / "test"
     env = dict(os.environ)
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    if keras == TF_KERAS:
+        env["TF_USE_LEGACY_KERAS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(
         [alias_path(), str(test), str(test / "utils"), env.get("PYTHONPATH", "")])
     command = [sys.executable, "-m", "horovodish.launcher", "-np", str(ranks),
@@ -66,7 +75,7 @@ def run_suite(horovod: Path, suite: str, ranks: int, limit: int) -> dict:
                     if re.search(r"\d+ (passed|failed)", line)), "")
     counts = {kind.rstrip("s"): int(n) for n, kind in _COUNT.findall(summary)}
     failures = sorted({name.split("::")[-1] for name in _FAILED.findall(out)})
-    return {"suite": suite, "ranks": ranks, "passed": counts.get("passed", 0),
+    return {"suite": suite, "ranks": ranks, "keras": keras, "passed": counts.get("passed", 0),
             "failed": counts.get("failed", 0) + counts.get("error", 0),
             "skipped": counts.get("skipped", 0), "hung": hung,
             "seconds": round(time.monotonic() - start, 1), "failures": failures}
@@ -81,11 +90,12 @@ def main() -> None:
     args = parser.parse_args()
     chosen = set(args.suites.split(",")) if args.suites else None
     results = []
-    for suite, ranks, limit in SUITES:
+    for suite, ranks, limit, keras in SUITES:
         if chosen and suite.split("/")[-1] not in chosen and suite not in chosen:
             continue
-        result = run_suite(args.horovod, suite, ranks, limit)
-        print(f"{suite} on {ranks} ranks: {result['passed']} passed, {result['failed']} "
+        result = run_suite(args.horovod, suite, ranks, limit, keras)
+        print(f"{suite} on {ranks} ranks ({keras}): {result['passed']} passed, "
+              f"{result['failed']} "
               f"failed, {result['skipped']} skipped{' (HUNG)' if result['hung'] else ''}, "
               f"{result['seconds']:.0f} s", flush=True)
         results.append(result)

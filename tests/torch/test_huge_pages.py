@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from horovodish.launcher.envvars import rank_defaults
 from huge_pages import thp_mode
@@ -21,7 +22,7 @@ import horovodish.torch
 import torch
 from huge_pages import huge_page_kib
 tensor = torch.ones(4 << 20)
-print(huge_page_kib(tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes),
+print(huge_page_kib(tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * 4),
       os.environ.get("THP_MEM_ALLOC_ENABLE"))
 """
 
@@ -34,7 +35,12 @@ def _probe(**env: str) -> tuple[int, str]:
     return int(huge), switch
 
 
+OLD_TORCH = tuple(int(n) for n in torch.__version__.split(".")[:2]) < (2, 1)
+
+
 @pytest.mark.skipif(thp_mode() == "never", reason="transparent huge pages are off here")
+@pytest.mark.skipif(OLD_TORCH, reason=f"torch {torch.__version__} has no THP_MEM_ALLOC_ENABLE "
+                                      "(it arrived in torch 2.1)")
 def test_large_tensors_get_huge_pages_unless_the_caller_says_no():
     huge, switch = _probe()
     assert switch == "1" and huge >= 2048, f"{huge} kB of huge pages with the switch {switch}"

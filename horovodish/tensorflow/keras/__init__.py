@@ -1,4 +1,5 @@
-"""Keras 3 adapter: ``import horovodish.tensorflow.keras as hvd``.
+"""Keras adapter: ``import horovodish.tensorflow.keras as hvd``, for Keras 3 and, under
+``TF_USE_LEGACY_KERAS=1`` with tf_keras installed, for Keras 2 (keras_flavor.py).
 
     import horovodish.tensorflow.keras as hvd
     hvd.init()
@@ -13,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import keras
-
 from ...common import api as _api
 from ...common.api import *  # noqa: F401,F403  (the names every adapter shares)
 from ...common.messages import ReduceOp
@@ -22,6 +21,7 @@ from .. import mpi_ops as _ops
 from ..compression import Compression
 from ..functions import allgather_object, broadcast_object, broadcast_variables
 from ..gradient_reduction import GradientReduction
+from ..keras_flavor import keras
 from ..mpi_ops import (Adasum, Average, Max, Min, Product, Sum, alltoall, barrier,
                        grouped_allgather, grouped_allreduce, grouped_reducescatter, join)
 from . import callbacks

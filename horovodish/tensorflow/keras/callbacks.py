@@ -1,4 +1,5 @@
-"""Horovod's Keras callbacks, for Keras 3 (whose variables have no ``.ref()``).
+"""Horovod's Keras callbacks, for Keras 3 (whose variables have no ``.ref()``) and for
+tf_keras (see keras_flavor.py).
 
 Put MetricAverageCallback before callbacks that read the epoch logs (checkpointing,
 early stopping): Keras hands every callback the same logs dict, in list order.
@@ -8,12 +9,12 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Sequence
 
-import keras
 import numpy as np
 
 from ...common import api
 from ...common.api.objects import check_same_layout
 from ..functions import broadcast_variables
+from ..keras_flavor import build_optimizer, keras, optimizer_built, optimizer_variables
 from ..mpi_ops import Average, allreduce
 
 
@@ -21,8 +22,8 @@ def model_state(model: keras.Model) -> list[Any]:
     """The model's variables, then its optimizer's (built ones only), in a fixed order."""
     state = list(model.variables)
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and optimizer.built:
-        state += list(optimizer.variables)
+    if optimizer is not None and optimizer_built(optimizer):
+        state += optimizer_variables(optimizer)
     return state
 
 
@@ -30,8 +31,8 @@ def broadcast_model_state(model: keras.Model, root_rank: int, defer: bool = Fals
                           local_variables: Sequence[Any] = ()) -> bool:
     """Broadcast root_rank's model and optimizer variables; every rank must call it.
 
-    A built model's optimizer is built first (Keras 3 on TensorFlow builds it only in the
-    first train step): a rank that restored a checkpoint has the optimizer's state while
+    A built model's optimizer is built first (Keras builds it only in the first train
+    step): a rank that restored a checkpoint has the optimizer's state while
     a fresh rank has none, and broadcasting the variables each rank happened to have left
     the ranks waiting on different collectives for good. The ranks then agree that all
     are built and that the variables line up (shapes and dtypes), and raise a ValueError
@@ -40,9 +41,9 @@ def broadcast_model_state(model: keras.Model, root_rank: int, defer: bool = Fals
     batch); otherwise that raises too. ``local_variables`` stay as each rank has them
     (every rank must name the same ones)."""
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and not optimizer.built and model.built:
-        optimizer.build(model.trainable_variables)
-    built = model.built and (optimizer is None or optimizer.built)
+    if optimizer is not None and not optimizer_built(optimizer) and model.built:
+        build_optimizer(optimizer, model.trainable_variables)
+    built = model.built and (optimizer is None or optimizer_built(optimizer))
     local = {id(v) for v in local_variables}
     state = [v for v in model_state(model) if id(v) not in local]
     unbuilt = check_same_layout(state, root_rank, "broadcast of the model's variables",
@@ -116,7 +117,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     m ** (epoch - start_epoch): the schedule starts at initial_lr, as in Horovod. With
     ``staircase`` the lr changes at the first batch of each epoch; without, every batch,
     with a fractional epoch. ``momentum_correction`` scales momentum by new_lr / old_lr for
-    the batch where the lr changes (Goyal et al.); Keras 3 compiles SGD's float momentum
+    the batch where the lr changes (Goyal et al.); Keras compiles SGD's float momentum
     into the train step, so it only takes effect for a run_eagerly model or a momentum held
     in a variable (otherwise a warning says it was skipped).
     """
@@ -176,7 +177,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             return
         if isinstance(momentum, (int, float)) and not self.model.run_eagerly:
             if momentum and not self._warned:
-                warnings.warn("momentum_correction skipped: Keras 3 compiles the optimizer's "
+                warnings.warn("momentum_correction skipped: Keras compiles the optimizer's "
                               "float momentum into the train step; pass "
                               "momentum_correction=False to silence this.", stacklevel=2)
                 self._warned = True

@@ -19,10 +19,9 @@ starts where the commit left off, as above).
 """
 from __future__ import annotations
 
-import keras
-
 from ...common.elastic import State
 from ..elastic import TensorFlowKerasState, run
+from ..keras_flavor import keras
 
 __all__ = ["CommitStateCallback", "KerasState", "UpdateBatchStateCallback",
            "UpdateEpochStateCallback", "run"]
@@ -71,7 +70,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
     at its end), and make the first epoch after a restore only as long as what remains of
     it (fit's steps per epoch minus ``state.batch``).
 
-    Keras 3 cannot shorten one epoch, so this callback sets ``model.stop_training`` after
+    Keras cannot shorten one epoch, so this callback sets ``model.stop_training`` after
     the epoch's last remaining batch and clears it again in ``on_epoch_end``: list it
     before callbacks that stop training at the end of an epoch (EarlyStopping), so that
     their stop stands."""

@@ -1,11 +1,12 @@
-"""hvd.elastic for TensorFlow and Keras 3 on real ranks, against one-process references.
+"""hvd.elastic for TensorFlow and Keras on real ranks, against one-process references.
 
 Every rank also computes the reference itself (numpy, or plain Keras without
 horovodish), so each check compares the elastic result with an independent computation.
 A failure is a deliberate mismatch (rank-dependent shapes under one name), which raises
 on every rank, as a lost peer would. Each part is a named check (tests/worker_support.py),
 in CHECKS; keras_worker.py runs them after its own, in the same job (TensorFlow's import
-costs seconds per rank), last because a retry re-initializes horovodish.
+costs seconds per rank), last because a retry re-initializes horovodish; keras2_worker.py
+runs them under tf_keras (the Keras of the process: horovodish.tensorflow.keras_flavor).
 """
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import warnings
 import numpy as np
 from worker_support import check, close, same_on_every_rank  # noqa: E402
 
-import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import horovodish.tensorflow as hvd_tf  # noqa: E402
 import horovodish.tensorflow.keras as hvd  # noqa: E402
+from horovodish.tensorflow.keras_flavor import keras, optimizer_variables  # noqa: E402
 
 LR, MU = 0.1, 0.9
 
@@ -238,18 +239,18 @@ def sync(rank: int, size: int) -> None:
     close(w.numpy(), np.arange(3.0), "restore after sync: rank 0's variable", tol=0)
     check(state.epoch == 0, "restore after sync: rank 0's kwargs")
 
-    # A commit taken before the optimizer's first step (Keras 3 builds it there): a
+    # A commit taken before the optimizer's first step (Keras builds it there): a
     # restore after that step gives back the model and a fresh optimizer's state.
     model = make_model(300)
     optimizer = keras.optimizers.Adam(0.05)
     fresh = hvd_tf.elastic.TensorFlowKerasState(model, optimizer)
     start = [np.asarray(v) for v in model.weights]
-    optimizer.apply([tf.ones_like(v) for v in model.trainable_variables],
-                    model.trainable_variables)
+    optimizer.apply_gradients([(tf.ones_like(v), v) for v in model.trainable_variables])
     fresh.restore()
     unused = keras.optimizers.Adam(0.05)
     unused.build(model.trainable_variables)
-    for got, want in zip(model.weights + optimizer.variables, start + unused.variables):
+    for got, want in zip(model.weights + optimizer_variables(optimizer),
+                         start + optimizer_variables(unused)):
         close(np.asarray(got), np.asarray(want), "restore to before the first step", tol=0)
 
     # A custom loop's optimizer, not compiled into the model; only rank 1's has taken a
@@ -257,8 +258,7 @@ def sync(rank: int, size: int) -> None:
     model = make_model(200 + rank)
     optimizer = keras.optimizers.Adam(0.05)
     if rank == 1:
-        optimizer.apply([tf.ones_like(v) for v in model.trainable_variables],
-                        model.trainable_variables)
+        optimizer.apply_gradients([(tf.ones_like(v), v) for v in model.trainable_variables])
     keras_state = hvd_tf.elastic.TensorFlowKerasState(model, optimizer, batch=7 * rank)
     keras_state.sync()
     check(keras_state.batch == 0, f"sync: keras kwargs {keras_state.batch}")
@@ -266,7 +266,8 @@ def sync(rank: int, size: int) -> None:
     for got, want in zip(model.weights, reference.weights):
         close(np.asarray(got), np.asarray(want), "sync: model is rank 0's", tol=0)
     check(int(optimizer.iterations.numpy()) == 0, "sync: optimizer iterations are rank 0's")
-    same_arrays_on_every_rank([np.asarray(v) for v in optimizer.variables], "sync: optimizer")
+    same_arrays_on_every_rank([np.asarray(v) for v in optimizer_variables(optimizer)],
+                              "sync: optimizer")
 
 
 CHECKS = [sync, epoch_numbering, tensorflow_state, keras_fit]

@@ -91,5 +91,7 @@ if __name__ == "__main__":
     else:
         run.optimizer = hvd.DistributedOptimizer(run.sgd, model.named_parameters(),
                                                  op=hvd.Adasum)
-        run_checks([overflow_on_one_rank_skips_every_rank, follows_the_delta_rule,
-                    ranks_agree], rank, size, run)
+        # GradScaler on CPU tensors arrived in torch 2.3 (torch.amp.GradScaler("cpu")).
+        scaled = [overflow_on_one_rank_skips_every_rank] if hasattr(torch.amp, "GradScaler") \
+            else []
+        run_checks([*scaled, follows_the_delta_rule, ranks_agree], rank, size, run)
