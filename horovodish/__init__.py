@@ -13,3 +13,11 @@ from .common.world.mpi_start import defer_import_start as _defer_import_start
 __version__ = "0.1.0"
 
 _defer_import_start(_os.environ)
+
+
+def __getattr__(name: str):  # noqa: ANN202 - the module's lazy attributes
+    """``horovodish.run`` (Horovod's ``horovod.run``), imported when first used."""
+    if name == "run":
+        from .launcher.function_job import run
+        return run
+    raise AttributeError(f"module 'horovodish' has no attribute {name!r}")

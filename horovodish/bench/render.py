@@ -120,13 +120,50 @@ def _bench_jax(record: dict[str, Any]) -> str:
 
 def _horovod_suites(record: dict[str, Any]) -> str:
     f = record["figures"]
-    rows = [[s["suite"], s["ranks"], s["passed"], s["failed"], s["skipped"],
-             "yes" if s.get("hung") else "no", f"{s['seconds']:.0f}",
+    rows = [[s["suite"], s["ranks"], s.get("keras", "Keras 3"), s["passed"], s["failed"],
+             s["skipped"], "yes" if s.get("hung") else "no", f"{s['seconds']:.0f}",
              "; ".join(s.get("failures", [])) or "-"] for s in f["suites"]]
     return (_source(record) + f"\nHorovod {f.get('horovod', '?')}'s own suites, unchanged, "
             "through the `horovod` alias:\n\n" + _table(
-                ["suite", "ranks", "passed", "failed", "skipped", "hung", "s",
+                ["suite", "ranks", "Keras", "passed", "failed", "skipped", "hung", "s",
                  "failed tests"], rows))
+
+
+def _horovod_examples(record: dict[str, Any]) -> str:
+    f = record["figures"]
+    runs = f["examples"]
+    count = {kind: sum(r["result"] == kind for r in runs)
+             for kind in ("passed", "failed", "skipped")}
+    stack = ", ".join(f"{name} {f[key]}" for name, key in (
+        ("torch", "torch"), ("torchvision", "torchvision"), ("TensorFlow", "tensorflow"))
+        if f.get(key))
+    ops = (" (torchvision's compiled operators do not load against this torch; their "
+           "schemas were declared)" if f.get("torchvision_ops_declared") else "")
+
+    def started(run: dict[str, Any]) -> str:
+        if not run.get("launcher", True):
+            return "its own `horovod.run`"
+        return "horovodishrun, elastic" if run.get("elastic") else "horovodishrun"
+    rows = [[f"`{r['example']}`", f"`{r['args']}`" if r["args"] else "-", r["ranks"],
+             started(r), r["result"], "-" if r["result"] == "skipped" else f"{r['seconds']:.0f}",
+             (r.get("reason") or r.get("error") or "-").replace("|", "\\|")] for r in runs]
+    return (_source(record) + f"\nHorovod {f.get('horovod', '?')}'s examples, unchanged, "
+            f"through the `horovod` alias, with {stack}{ops}: {count['passed']} passed, "
+            f"{count['failed']} failed, {count['skipped']} skipped.\n\n" + _table(
+                ["example", "arguments", "ranks", "started as", "result", "s",
+                 "error or reason"], rows))
+
+
+def _horovod_examples_by_torch(folder: Path) -> str:
+    """The newest examples record for each torch, newest torch first: one run per
+    interpreter, and each keeps its table."""
+    newest: dict[str, dict[str, Any]] = {}
+    for record in records.load(folder, "horovod-examples"):
+        newest[record["figures"].get("torch") or "none"] = record
+    if not newest:
+        return "(no horovod-examples record yet)\n"
+    order = sorted(newest, key=lambda v: [int(n) for n in re.findall(r"\d+", v)], reverse=True)
+    return "\n".join(_horovod_examples(newest[version]) for version in order)
 
 
 def _gpu(record: dict[str, Any]) -> str:
@@ -287,7 +324,9 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "launchers": _launchers}
 # Blocks that show every record of some kinds.
 HISTORIES: dict[str, Callable[[Path], str]] = {"gpu-history": _gpu_history,
-                                              "bench-history": _bench_history}
+                                              "bench-history": _bench_history,
+                                              # the newest of each torch version
+                                              "horovod-examples": _horovod_examples_by_torch}
 # Blocks that show part of another kind's record: block name -> record kind.
 SOURCES = {"bench-jax": "bench", "gpu-against-ddp": "gpu"}
 

@@ -31,6 +31,18 @@ class _DistributedTapeMixin:
         reduced = self._hvd_reduction(tf.nest.flatten(grads), flat_sources, self._hvd_local)
         return tf.nest.pack_sequence_as(grads, reduced)
 
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None,
+                                       use_generic_names: bool = False
+                                       ) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        """``gradient()``'s results split as Horovod's are: (source, gradient) pairs of
+        the local sources, then of the reduced ones, each in the order of sources."""
+        flat_sources = tf.nest.flatten(sources)
+        grads = tf.nest.flatten(self.gradient(target, sources, output_gradients))
+        pairs = list(zip(flat_sources, grads))
+        return ([p for p in pairs if id(p[0]) in self._hvd_local],
+                [p for p in pairs if id(p[0]) not in self._hvd_local])
+
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             device_sparse: str = "", compression: Any = Compression.none,

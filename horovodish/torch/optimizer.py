@@ -10,12 +10,12 @@ Contract (Horovod's):
 * A hook on each parameter submits an allreduce of its gradient as soon as autograd has
   accumulated it, so communication overlaps the rest of backward. ``step()`` waits for
   all of them (``synchronize()``), then runs the wrapped update.
-* After ``synchronize()`` each ``param.grad`` is the reduced gradient, by default
-  installed as a view of the runtime's result block (nothing is copied back into the
-  old gradient tensor, as with DDP's ``gradient_as_bucket_view=True``): a reference to
-  ``param.grad`` taken before ``synchronize()`` keeps the local, unreduced gradient.
-  ``gradient_as_bucket_view=False`` reduces into the existing gradient tensors instead
-  (Horovod's behaviour). ``op=Adasum`` builds a different optimizer (Horovod's delta
+* After ``synchronize()`` each ``param.grad`` is the reduced gradient, reduced in place:
+  by default (from the second step) in a flat bucket that the gradient is a view of, the
+  same tensor from step to step (DDP's ``gradient_as_bucket_view=True``), so a reference
+  to ``param.grad`` taken before ``synchronize()`` holds the reduced gradient after it,
+  as in Horovod. ``gradient_as_bucket_view=False`` turns the buckets off: each gradient
+  stays the tensor autograd made and is reduced in it (Horovod's per-tensor path). ``op=Adasum`` builds a different optimizer (Horovod's delta
   rule), which updates parameters, not gradients, and ignores this flag.
 * A parameter that got no gradient on this rank is reduced with zeros at
   ``synchronize()``, so a branch taken on some ranks only never stalls the others.
@@ -319,9 +319,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     Horovod's arguments, plus (beyond Horovod) ``bucket_cap_mb`` (learned bucket order:
     0 submits every gradient on its own, as Horovod does), ``buffer_sync`` (a callable
     run after every step, e.g. ``hvd.BufferSync(model)``) and ``gradient_as_bucket_view``
-    (default True: reduced gradients are installed as views of the runtime's result
-    blocks, saving a copy; False reduces into the existing gradient tensors, as Horovod
-    and DDP's default do, for code that holds on to ``param.grad`` across ``step()``),
+    (default True: gradients live in flat buckets, each ``param.grad`` a view of its
+    bucket, reduced in place; False keeps every gradient the tensor autograd made and
+    reduces it in place there, Horovod's per-tensor path),
     ``shard_optimizer_state`` (ZeRO: each rank keeps 1/N of the optimizer state and
     steps only its shard; see horovodish/torch/zero.py) with ``zero_stage`` 2 (default:
     gradients are reduce-scattered, each rank keeps its shard of them) or 1 (gradients

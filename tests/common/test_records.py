@@ -42,7 +42,7 @@ def test_the_newest_record_fills_its_block_and_check_sees_stale_docs(tmp_path: P
     assert render.main([*argv, "--check"]) == 1
     assert render.main(argv) == 0
     text = doc.read_text()
-    assert "| parallel/test_torch.py | 2 | 100 | 3 | 12 | no | 21 | " \
+    assert "| parallel/test_torch.py | 2 | Keras 3 | 100 | 3 | 12 | no | 21 | " \
            "test_optimizer_no_named_parameters |" in text, text
     assert "| 99 |" not in text and "old" not in text and text.endswith("\n\nafter\n")
     assert "Measured 2999-01-01" in text and "with `cmd`" in text

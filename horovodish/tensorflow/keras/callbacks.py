@@ -19,7 +19,10 @@ from ..mpi_ops import Average, allreduce
 
 
 def model_state(model: keras.Model) -> list[Any]:
-    """The model's variables, then its optimizer's (built ones only), in a fixed order."""
+    """The model's variables, then its optimizer's (built ones only), in a fixed order;
+    none for a model not built yet (Keras 2 raises on its ``variables`` then)."""
+    if not model.built:
+        return []
     state = list(model.variables)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and optimizer_built(optimizer):

@@ -157,6 +157,21 @@ def partial_tape(rank: int, size: int) -> None:
                       tol=1e-6)
             else:
                 close(got, glob, f"{what}: reduced {var.path}", tol=1e-6)
+    # Horovod's split of the same gradients: local (source, gradient) pairs, then reduced.
+    with tf.GradientTape() as tape:
+        loss = LOSS(y[mine], model(x[mine]))
+    tape = hvd_tf.PartialDistributedGradientTape(tape, local_layers=head)
+    local_pairs, global_pairs = tape.get_local_and_global_gradients(loss, variables)
+    check([id(v) for v, _ in local_pairs] == [id(v) for v in variables if id(v) in local_ids]
+          and [id(v) for v, _ in global_pairs]
+          == [id(v) for v in variables if id(v) not in local_ids],
+          "get_local_and_global_gradients: the local sources, then the others, in order")
+    by_var = dict(zip(map(id, variables), zip(global_grads, own_grads)))
+    for var, grad in local_pairs + global_pairs:
+        glob, own_g = by_var[id(var)]
+        want = own_g / size if id(var) in local_ids else glob
+        close(dense_grads([grad])[0], want, f"get_local_and_global_gradients: {var.path}",
+              tol=1e-6)
     expect_error(lambda: hvd_tf.PartialDistributedGradientTape(tf.GradientTape(),
                                                                local_layers=[head, "x"]),
                  ValueError, "must be Keras layers", what="local_layers of the wrong type")

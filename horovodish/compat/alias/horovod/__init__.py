@@ -51,3 +51,8 @@ if not any(isinstance(finder, _AliasFinder) for finder in sys.meta_path):
 import horovodish as _horovodish  # noqa: E402
 
 __version__ = _horovodish.__version__
+
+
+def __getattr__(name: str):  # noqa: ANN202
+    """``horovod.run``: horovodish.run."""
+    return getattr(_horovodish, name)
