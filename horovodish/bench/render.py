@@ -141,6 +141,8 @@ def _horovod_examples(record: dict[str, Any]) -> str:
            "schemas were declared)" if f.get("torchvision_ops_declared") else "")
 
     def started(run: dict[str, Any]) -> str:
+        if run["example"].startswith("ray/"):
+            return "Ray (`horovod.ray`)"
         if not run.get("launcher", True):
             return "its own `horovod.run`"
         return "horovodishrun, elastic" if run.get("elastic") else "horovodishrun"

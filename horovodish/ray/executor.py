@@ -44,7 +44,17 @@ class RayExecutor:
                  gpus_per_worker: int | None = None, use_current_placement_group: bool = True,
                  min_workers: int | None = None, max_workers: int | None = None,
                  reset_limit: int | None = None, cooldown_range: list[int] | None = None,
-                 elastic_timeout: int = 600, override_discovery: bool = True) -> None:
+                 elastic_timeout: int = 600, override_discovery: bool = True,
+                 num_slots: int | None = None, cpus_per_slot: float | None = None,
+                 gpus_per_slot: int | None = None) -> None:
+        # Horovod 0.21's names, which its examples/ray/tensorflow2_mnist_ray.py still uses:
+        # num_hosts x num_slots workers, cpus_per_slot and gpus_per_slot each.
+        if num_slots is not None:
+            num_workers_per_host = num_slots
+        if cpus_per_slot is not None:
+            cpus_per_worker = cpus_per_slot
+        if gpus_per_slot is not None:
+            gpus_per_worker = gpus_per_slot
         if max_workers is not None and (not min_workers or min_workers <= 0):
             raise ValueError("`max_workers` provided without any positive `min_workers`: "
                              "elastic workloads require a positive `min_workers`")

@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import horovodish
 from horovodish.bench import records
@@ -49,6 +50,7 @@ from horovodish.compat import alias_path
 import example_data  # beside this file, so on the path of `python tests/compat/...`
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))  # tests/: the Ray clusters of ray_cluster.py
 RANKS = 2
 
 
@@ -61,6 +63,9 @@ class Example:
     launcher: bool = True              # False: the script starts its ranks (horovod.run)
     limit: int = 600                   # seconds
     skip: str = ""                     # why it cannot run on any machine here
+    ray_nodes: tuple[int, ...] = ()    # a Ray cluster for it: each node's CPUs, head first
+    ray_gpus: int = 0                  # the head's GPUs (logical: a worker asked for one
+                                       # gets CUDA_VISIBLE_DEVICES and runs on the CPU)
 
     @property
     def label(self) -> str:
@@ -125,6 +130,15 @@ EXAMPLES = [
     Example("elastic/tensorflow2/tensorflow2_mnist_elastic.py", (), TF, elastic=True),
     Example("elastic/tensorflow2/tensorflow2_synthetic_benchmark_elastic.py", SYNTHETIC, TF,
             elastic=True),
+    # Ray: each script connects to a running cluster (started here, on this machine) and
+    # starts its ranks as actors through horovod.ray.
+    Example("ray/pytorch_ray_elastic.py", ("--epochs", "1", "--data-dir", "{mnist}"),
+            (*TORCHVISION, "ray", "filelock"), launcher=False, ray_nodes=(4,), ray_gpus=2),
+    Example("ray/tensorflow2_mnist_ray.py", ("--address", "{ray_address}"), (*TF, "ray"),
+            launcher=False, ray_nodes=(32, 32), limit=1200),
+    Example("ray/basic_ray_elastic.py", skip=(
+        "needs Horovod's test-only host discovery (horovod.ray.elastic.TestDiscovery, which "
+        "adds and removes fake hosts) and its ray_logger callbacks")),
 ]
 
 _PROBE = """
@@ -140,7 +154,8 @@ print(json.dumps({"python": platform.python_version(), "numpy": version("numpy")
     "torch": version("torch"), "torchvision": version("torchvision"),
     "tensorflow": version("tensorflow", "tensorflow-cpu"), "keras": version("keras"),
     "tf_keras": version("tf_keras", "tf-keras"), "mpi4py": version("mpi4py"),
-    "tensorboard": version("tensorboard"), "tqdm": version("tqdm")}))
+    "tensorboard": version("tensorboard"), "tqdm": version("tqdm"), "ray": version("ray"),
+    "filelock": version("filelock")}))
 """
 
 # Written into the runs' PYTHONPATH; {generated} and {declare_ops} are filled in.
@@ -223,7 +238,8 @@ def prepare(work: Path, declare_ops: bool) -> dict[str, Path]:
     """The generated data, the sitecustomize and the discovery script, under ``work``."""
     home = work / "home"
     datasets = home / ".keras" / "datasets"
-    for name in ["mnist.npz", *(f"mnist-{rank}.npz" for rank in range(RANKS))]:
+    # mnist-RANK.npz for every rank of any example (tensorflow2_mnist_ray.py has 8)
+    for name in ["mnist.npz", *(f"mnist-{rank}.npz" for rank in range(8))]:
         example_data.write_keras_mnist(datasets / name)
     site = work / "site"
     site.mkdir(parents=True)
@@ -237,7 +253,7 @@ def prepare(work: Path, declare_ops: bool) -> dict[str, Path]:
             "imagenet": example_data.write_image_folder(work / "imagenet")}
 
 
-def command(example: Example, script: Path, python: str, paths: dict[str, Path]) -> list[str]:
+def command(example: Example, script: Path, python: str, paths: dict[str, Any]) -> list[str]:
     args = [arg.format(**{k: str(v) for k, v in paths.items()}) for arg in example.args]
     if not example.launcher:
         return [python, str(script), *args]
@@ -287,13 +303,39 @@ def execute(argv: list[str], cwd: Path, env: dict[str, str],
         return None, out
 
 
+def start_ray(example: Example, env: dict[str, str]) -> list:
+    """The example's Ray cluster: ``ray start --block`` nodes on this machine, whose
+    workers get the example's environment (the alias, the sitecustomize, HOME)."""
+    from ray_cluster import RayNode  # tests/, put on the path above
+    nodes = [RayNode.head(example.ray_nodes[0], env=env, num_gpus=example.ray_gpus)]
+    try:
+        for cpus in example.ray_nodes[1:]:
+            node = RayNode.worker(nodes[0].address, cpus, (), "127.0.0.1", env=env)
+            nodes.append(node)
+            node.wait_until_up()
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes
+
+
 def run_example(example: Example, horovod: Path, python: str, paths: dict[str, Path],
                 logs: Path, index: int) -> dict:
     cwd = paths["home"].parent / "runs" / f"{index:02d}"
     cwd.mkdir(parents=True)  # the scripts write checkpoints and logs into their cwd
-    argv = command(example, horovod / "examples" / example.script, python, paths)
+    env = environment(example, paths)
+    nodes = start_ray(example, env) if example.ray_nodes else []
     start = time.monotonic()
-    status, out = execute(argv, cwd, environment(example, paths), example.limit)
+    try:
+        if nodes:
+            env["RAY_ADDRESS"] = nodes[0].address
+        argv = command(example, horovod / "examples" / example.script, python,
+                       {**paths, "ray_address": nodes[0].address if nodes else ""})
+        status, out = execute(argv, cwd, env, example.limit)
+    finally:
+        for node in reversed(nodes):
+            node.stop()
     seconds = round(time.monotonic() - start, 1)
     (logs / f"{index:02d}-{Path(example.script).stem}.log").write_text(out)
     passed = status == 0 and "Traceback (most recent call last)" not in out

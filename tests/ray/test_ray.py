@@ -64,3 +64,13 @@ def test_torch_trainer_scripts_that_call_hvd_init(ray_head, tmp_path):
     outcome = run_driver(ray_head.address, "train-torch", "--storage", str(tmp_path))
     assert outcome["problems"] == [], outcome["output"]
     assert outcome["metrics"]["size"] == 2 and outcome["metrics"]["accuracy"] >= 0.95, outcome
+
+
+def test_horovod_0_21_names_of_the_executor_s_shape():
+    """num_hosts x num_slots workers with cpus_per_slot/gpus_per_slot, the names
+    Horovod's examples/ray/tensorflow2_mnist_ray.py still uses, are the current ones."""
+    from horovodish.ray import RayExecutor
+    executor = RayExecutor(RayExecutor.create_settings(), num_hosts=2, num_slots=4,
+                           cpus_per_slot=8, use_gpu=True, gpus_per_slot=2)
+    assert (executor.num_hosts, executor.num_workers_per_host, executor.cpus_per_worker,
+            executor.gpus_per_worker) == (2, 4, 8, 2)
