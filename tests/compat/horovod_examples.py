@@ -30,6 +30,7 @@ it needs Horovod's sources.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -325,7 +326,10 @@ def run_example(example: Example, horovod: Path, python: str, paths: dict[str, P
     cwd = paths["home"].parent / "runs" / f"{index:02d}"
     cwd.mkdir(parents=True)  # the scripts write checkpoints and logs into their cwd
     env = environment(example, paths)
-    nodes = start_ray(example, env) if example.ray_nodes else []
+    nodes = []
+    if example.ray_nodes:
+        with contextlib.chdir(cwd):  # Ray's workers start here (and write here, as the
+            nodes = start_ray(example, env)  # script's checkpoints)
     start = time.monotonic()
     try:
         if nodes:
