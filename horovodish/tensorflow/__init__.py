@@ -20,8 +20,8 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allred
 from .optimizer import DistributedOptimizer
 from .rank_ops import (local_rank_op, local_size_op, process_set_included_op, rank_op,
                        size_op)
-from .util import _executing_eagerly  # Horovod's scripts and tests call hvd._executing_eagerly
-from ..common.util import check_extension, gpu_available, split_list  # noqa: F401 (as Horovod's)
+from ..compat.horovod_paths.tensorflow_util import _executing_eagerly  # Horovod's scripts and tests call hvd._executing_eagerly
+from ..compat.horovod_paths.common_util import check_extension, gpu_available, split_list  # noqa: F401 (as Horovod's)
 from .mpi_ops import check_num_rank_power_of_2, handle_average_backwards_compatibility  # noqa: F401
 
 

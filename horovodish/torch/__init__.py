@@ -14,7 +14,7 @@ import os as _os
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from ..common.api import *  # noqa: F401,F403  (the names every adapter shares)
-from ..common.util import check_extension  # noqa: F401 (Horovod's package has it)
+from ..compat.horovod_paths.common_util import check_extension  # noqa: F401 (Horovod's package has it)
 from . import elastic
 from .compression import Compression
 from .compiled import compile_backend, keep_collectives_out_of_graphs

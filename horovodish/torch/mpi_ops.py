@@ -9,9 +9,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ..common.basics import _basics  # noqa: F401  (Horovod's hvd.mpi_ops._basics)
+from ..compat.horovod_paths.common_basics import _basics  # noqa: F401  (Horovod's hvd.mpi_ops._basics)
 from ..common import messages as _reduce_ops
-from ..common.util import (gpu_available, get_average_backwards_compatibility_fun,  # noqa: F401
+from ..compat.horovod_paths.common_util import (gpu_available, get_average_backwards_compatibility_fun,  # noqa: F401
                            num_rank_is_power_2)  # (Horovod's module has them)
 from ..common.api.process_sets import ProcessSet, global_process_set
 from ..common.messages import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def test_common_exceptions_are_the_adapters_own():
-    from horovodish.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+    from horovodish.compat.horovod_paths.common_exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
     import horovodish.torch as hvd
     assert HorovodInternalError is hvd.HorovodInternalError

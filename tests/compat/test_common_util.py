@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from horovodish.common import util
+from horovodish.compat.horovod_paths import common_util as util
 from horovodish.common.messages import Average, Sum
 from test_horovod_scripts import alias_env
 
 
 def test_the_alias_gives_this_module():
-    code = ("import horovod.common.util as u, horovodish.common.util as h; "
+    code = ("import horovod.common.util as u, horovodish.compat.horovod_paths.common_util as h; "
             "from horovod.common.util import env, is_version_greater_equal_than; "
             "assert u is h and env is h.env; print('ok')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

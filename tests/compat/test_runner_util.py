@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from horovodish.launcher.common.util.env import get_env_rank_and_size
-from horovodish.launcher.util.threads import in_thread, on_event
+from horovodish.compat.horovod_paths.runner.common.util.env import get_env_rank_and_size
+from horovodish.compat.horovod_paths.runner.util.threads import in_thread, on_event
 
 
 def test_in_thread_runs_the_target_with_its_arguments():

@@ -11,7 +11,7 @@ from worker_support import check, close, expect_error, run_checks  # noqa: E402
 from horovodish.common import api  # noqa: E402
 from horovodish.common.api import (ProcessSet, add_process_set, collectives,  # noqa: E402
                                    global_process_set, objects, remove_process_set)
-from horovodish.common.basics import _basics  # noqa: E402
+from horovodish.compat.horovod_paths.common_basics import _basics  # noqa: E402
 from horovodish.common.errors import HorovodInternalError  # noqa: E402
 from horovodish.common.messages import ReduceOp  # noqa: E402
 

@@ -3,7 +3,8 @@
 An import hook rather than a tree of forwarding modules, so that each ``horovod.X`` is the
 very module object ``horovodish.X`` (its globals, patches and ``isinstance`` checks are
 shared) and a new horovodish module needs no twin here. Horovod's ``horovod.runner`` is
-our launcher package.
+our launcher package; the few paths that exist only for Horovod's sake map to
+horovodish/compat/horovod_paths.
 """
 from __future__ import annotations
 
@@ -13,11 +14,21 @@ import importlib.util
 import sys
 from types import ModuleType
 
-_RENAMED = {"horovod.runner": "horovodish.launcher"}
+_PATHS = "horovodish.compat.horovod_paths"
+# Horovod's paths whose modules are not horovodish.X: the launcher package, and the
+# stand-ins that exist only for Horovod's paths (horovodish/compat/horovod_paths).
+_RENAMED = {"horovod.runner.util": f"{_PATHS}.runner.util",
+            "horovod.runner.common": f"{_PATHS}.runner.common",
+            "horovod.runner": "horovodish.launcher",
+            "horovod.common.util": f"{_PATHS}.common_util",
+            "horovod.common.basics": f"{_PATHS}.common_basics",
+            "horovod.common.exceptions": f"{_PATHS}.common_exceptions",
+            "horovod.tensorflow.util": f"{_PATHS}.tensorflow_util"}
 
 
 def _target(fullname: str) -> str:
-    for old, new in _RENAMED.items():
+    """The module behind ``fullname``: the longest renamed prefix wins."""
+    for old, new in sorted(_RENAMED.items(), key=lambda item: -len(item[0])):
         if fullname == old or fullname.startswith(old + "."):
             return new + fullname[len(old):]
     return "horovodish" + fullname[len("horovod"):]

@@ -17,7 +17,7 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
-from .api import process_state
+from ...common.api import process_state
 
 T = TypeVar("T")
 

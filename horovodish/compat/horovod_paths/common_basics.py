@@ -12,7 +12,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import api
+from ...common import api
 
 
 class HorovodBasics:

@@ -1,0 +1,1 @@
+"""Horovod's ``horovod.runner`` path (see horovod_paths)."""

@@ -1,0 +1,1 @@
+"""Horovod's ``horovod.runner.common`` path (see horovod_paths)."""

@@ -1,1 +1,0 @@
-"""Horovod's ``horovod.runner.common``: what scripts import from it."""

@@ -1,2 +1,0 @@
-"""Horovod's ``horovod.runner.util``: the helpers scripts and Horovod's test utilities
-import from it."""
