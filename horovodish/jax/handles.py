@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ..common.runtime.handles import Handle as _CoreHandle
+from ..common.handles import Handle as _CoreHandle
 from .views import wait_for_device
 
 

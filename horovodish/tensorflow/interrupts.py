@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 
-from ..common.runtime.handles import Handle
+from ..common.handles import Handle
 
 _STOPPING = frozenset({signal.SIGINT, signal.SIGALRM})
 _SLICE = 0.2  # seconds between looks at the pipe; a collective that finishes wakes at once

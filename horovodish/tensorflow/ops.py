@@ -26,7 +26,7 @@ from ..common.api import collectives as core
 from ..common.api.process_sets import ProcessSet
 from ..common.errors import RankMismatchError
 from ..common.messages import ReduceOp
-from ..common.runtime.handles import Handle
+from ..common.handles import Handle
 from . import errors, interrupts
 from .outputs import ALIGN, OutputBlocks
 

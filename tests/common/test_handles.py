@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from horovodish.common.runtime.handles import Completions, Handle
+from horovodish.common.handles import Completions, Handle
 
 
 def test_wait_returns_the_result_finished_by_another_thread():
@@ -73,7 +73,7 @@ def test_a_finished_entry_no_longer_holds_the_tensors(by_group: bool):
 
     import numpy as np
 
-    from horovodish.common.runtime.entry import Entry, finish_all
+    from horovodish.common.entry import Entry, finish_all
     from horovodish.common.messages import Request, RequestType
 
     tensor, output = np.ones(4), np.zeros(4)

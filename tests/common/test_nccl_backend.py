@@ -19,8 +19,8 @@ from horovodish.common.execution.backends.nccl import Communicators, NcclBackend
 from horovodish.common.execution.executor import Executor
 from horovodish.common.execution.operations import OperationManager
 from horovodish.common.messages import ReduceOp, Request, RequestType, Response
-from horovodish.common.runtime.entry import Entry
-from horovodish.common.runtime.handles import Completions
+from horovodish.common.entry import Entry
+from horovodish.common.handles import Completions
 
 from .fake_cuda import Exchange, FakeArray, FakeCupy, FakeNccl
 

@@ -173,3 +173,64 @@ def test_every_core_module_imports_first_in_a_fresh_interpreter():
     with ThreadPoolExecutor(max_workers=2) as pool:
         failures = [f for found in pool.map(first_imports, halves) for f in found]
     assert not failures, "\n".join(failures)
+
+
+# The core's stages, from the top down (docs/internals.md, "Stages"): a module may import
+# its own stage and the stages below it, never one above. The backends sit between the
+# executor that calls them and the execution helpers they are built from (the fusion
+# buffer's host memory, fused groups, arithmetic, CUDA). Any other module directly in
+# horovodish/common/ is a leaf (records, errors, settings, the shared-memory barrier,
+# entries and handles): below every stage.
+_EXECUTION = "horovodish.common.execution"
+STAGES = [
+    ("api", ("horovodish.common.api", "horovodish.common.elastic",
+             "horovodish.common.elastic_store")),
+    ("runtime", ("horovodish.common.runtime", "horovodish.common.world")),
+    ("negotiation and the executor", ("horovodish.common.negotiation", _EXECUTION)),
+    ("backends", (f"{_EXECUTION}.backends",)),
+    ("execution helpers", tuple(f"{_EXECUTION}.{name}" for name in (
+        "arithmetic", "datatype_copies", "fusion", "fused_group", "cuda", "cuda_streams",
+        "gpu_fusion"))),
+]
+
+
+def stage_of(module: str) -> int | None:
+    """The module's stage (0 is the top); len(STAGES) for a leaf of common; None outside
+    the core."""
+    found = None
+    for level, (_, prefixes) in enumerate(STAGES):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                found = level  # the deepest match: backends is inside execution
+    if found is not None:
+        return found
+    return len(STAGES) if module.startswith("horovodish.common.") else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    def name(level: int) -> str:
+        return STAGES[level][0] if level < len(STAGES) else "leaf"
+    found = []
+    for module, targets in sorted(graph.items()):
+        here = stage_of(module)
+        if here is None:
+            continue
+        for target in sorted(targets):
+            there = stage_of(target)
+            if there is not None and there < here:
+                found.append(f"{module} ({name(here)}) imports {target} ({name(there)})")
+    return found
+
+
+def test_the_core_s_stages_import_downward_only():
+    assert upward_imports(import_graph()) == []
+
+
+def test_an_upward_import_is_caught():
+    graph = {"horovodish.common.execution.backends.shm": {"horovodish.common.runtime.thread"},
+             "horovodish.common.messages": {"horovodish.common.api.collectives"},
+             "horovodish.common.api.collectives": {"horovodish.common.messages"}}
+    assert upward_imports(graph) == [
+        "horovodish.common.execution.backends.shm (backends) imports "
+        "horovodish.common.runtime.thread (runtime)",
+        "horovodish.common.messages (leaf) imports horovodish.common.api.collectives (api)"]

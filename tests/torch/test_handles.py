@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import horovodish.torch as hvd
-from horovodish.common.runtime.handles import Completions, Handle
+from horovodish.common.handles import Completions, Handle
 from horovodish.torch import async_ops
 from horovodish.torch.async_ops import handle_table
 

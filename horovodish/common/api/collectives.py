@@ -17,8 +17,8 @@ from ..execution.backends.adasum import is_power_of_two
 from ..dtypes import check_reduction, dtype_name, known_dtype_name
 from ..errors import NotAMemberError
 from ..execution.cuda import device_for
-from ..runtime.entry import Entry
-from ..runtime.handles import Handle
+from ..entry import Entry
+from ..handles import Handle
 from ..messages import ReduceOp, Request, RequestType
 from .process_sets import ProcessSet, global_process_set
 

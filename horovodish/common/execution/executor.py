@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import HorovodInternalError, RankMismatchError
 from ..dtypes import FLOATING, numpy_dtype
 from ..messages import ReduceOp, RequestType, Response
-from ..runtime.entry import Entry, finish_all
+from ..entry import Entry, finish_all
 from ..timeline import Timeline, now_us
 from .arithmetic import divide_toward_zero, reduce_ufunc, scale_into
 from .cuda import DEVICE_CUDA

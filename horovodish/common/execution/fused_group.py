@@ -16,7 +16,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..messages import ReduceOp, Response
-from ..runtime.entry import Entry
+from ..entry import Entry
 from .arithmetic import divide_toward_zero, scale_into, scale_once
 from .datatype_copies import MIN_OUTPUTS, DatatypeCopier
 from .fusion import FusionBuffers, ResultBlocks

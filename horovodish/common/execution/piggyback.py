@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..messages import ReduceOp, RequestType, Response
-from ..runtime.entry import Entry
+from ..entry import Entry
 from .arithmetic import divide_toward_zero, scale_into
 from .fused_group import Workspace, hand_out, pack_inputs, unpack_outputs
 

@@ -1,2 +1,3 @@
-"""The runtime thread and what it hands work through: entries, handles, the alarm it
-sleeps on, signal handling and the exit hook."""
+"""The runtime thread, the alarm it sleeps on, signal handling and the exit hook (the
+entries and handles it hands work through are common/entry.py and common/handles.py,
+which every stage below uses)."""

@@ -32,12 +32,12 @@ from . import interrupts
 from .alarm import make_alarm
 from ..negotiation.controller import Controller, CycleResult, finish_cycle
 from ..negotiation.transport import Pending
-from .entry import Entry
+from ..entry import Entry
 from ..errors import HorovodInternalError
 from ..execution.piggyback import EagerPlan, EagerPredictor
 from ..execution.executor import Executor
 from ..execution.fusion import FusionPlanner
-from .handles import Completions, Handle
+from ..handles import Completions, Handle
 from ..autotune import Autotuner
 from ..messages import RequestType
 from ..timeline import Timeline

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from ...common.runtime.handles import Handle
+from ...common.handles import Handle
 from ..tensor_views import from_cuda_view, wait_on_current_stream
 
 # Integer handle -> (core handles, what turns their results into the caller's return),

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ...messages import ReduceOp, RequestType, Response
-from ...runtime.entry import Entry
+from ...entry import Entry
 from ..fused_group import AllreduceGroup, through_fusion_buffer
 
 

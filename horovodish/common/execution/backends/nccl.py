@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...messages import ReduceOp, RequestType, Response
-from ...runtime.entry import Entry
+from ...entry import Entry
 from ..cuda import load_cupy, load_nccl, why_not
 from ..cuda_streams import WorkStream
 from ..fusion import FusionBuffers, ResultBlocks

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .handles import Completions, Handle
-from ..messages import Request
+from .messages import Request
 
 
 class Entry(Handle):
