@@ -140,3 +140,10 @@ def horovod_style() -> tuple[int, int, list[float]]:
     hvd.init()
     return hvd.rank(), hvd.size(), hvd.allreduce(torch.ones(2) * (hvd.rank() + 1),
                                                  op=hvd.Sum).tolist()
+
+
+def gpu_slot_training() -> tuple[str | None, tuple, np.ndarray]:
+    """A worker of a job that asked for GPUs (logical ones, on a CPU machine): the
+    device it was given, a Horovod-style collective and the training run."""
+    import os
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), horovod_style(), torch_training()

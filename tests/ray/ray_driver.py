@@ -5,7 +5,7 @@ its results against the references of tests/ray_spark_jobs.py, and prints one li
     python ray_driver.py ADDRESS executor --workers 2 [--via-horovod]
     python ray_driver.py ADDRESS executor --hosts 2 --per-host 2
     python ray_driver.py ADDRESS infeasible --workers 3
-    python ray_driver.py ADDRESS elastic LOG_DIR | grow LOG_DIR
+    python ray_driver.py ADDRESS elastic LOG_DIR | grow LOG_DIR | elastic-executor
     python ray_driver.py ADDRESS train-horovodish | train-torch
 """
 from __future__ import annotations
@@ -96,6 +96,29 @@ def elastic(args: argparse.Namespace) -> dict:
             "generations": ex.elastic.generations}
 
 
+def elastic_executor(args: argparse.Namespace) -> dict:
+    """Horovod's older elastic executor as its examples/ray/pytorch_ray_elastic.py uses
+    it, through the alias: ElasticRayExecutor(use_gpu=True, cpus_per_slot=1) on a head
+    with 2 logical GPUs, one slot per GPU; as in Horovod, every worker of a node sees all
+    the GPUs Ray gave that node's workers (and picks its own by local_rank)."""
+    from horovod.ray import ElasticRayExecutor
+    settings = ElasticRayExecutor.create_settings(verbose=True)
+    ex = ElasticRayExecutor(settings, use_gpu=True, cpus_per_slot=1)
+    ex.start()
+    results = ex.run(jobs.gpu_slot_training)
+    problems = []
+    devices = [device for device, _, _ in results]
+    if len(results) != 2 or devices != ["0,1", "0,1"]:
+        problems.append(f"workers' CUDA_VISIBLE_DEVICES {devices}, want both GPUs on each")
+    alike = [style for _, style, _ in results]
+    if alike != [(r, 2, [3.0, 3.0]) for r in range(2)]:
+        problems.append(f"collectives {alike}")
+    want = jobs.reference_weights(2)
+    problems += [f"rank {r}: weights {w}, want {want}" for r, (_, _, w) in enumerate(results)
+                 if not np.allclose(w, want, rtol=1e-10, atol=1e-12)]
+    return {"problems": problems}
+
+
 class FileDiscovery:
     """Horovod's discovery interface over a file of ``ip:slots`` lines."""
 
@@ -175,10 +198,11 @@ def main() -> None:
     # With the compat alias, the workers get the driver's PYTHONPATH (its directory) as
     # a Ray job passes its environment on: through the job's runtime_env.
     runtime_env = {"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}} \
-        if args.via_horovod else None
+        if args.via_horovod or args.scenario == "elastic-executor" else None
     ray.init(address=args.address, log_to_driver=True, runtime_env=runtime_env)
     run = {"executor": executor, "elastic": elastic, "grow": grow,
-           "infeasible": infeasible}.get(args.scenario, train)
+           "infeasible": infeasible,
+           "elastic-executor": elastic_executor}.get(args.scenario, train)
     outcome = run(args)
     print("RESULT " + json.dumps(outcome, default=str), flush=True)
     ray.shutdown()

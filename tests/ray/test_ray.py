@@ -74,3 +74,15 @@ def test_horovod_0_21_names_of_the_executor_s_shape():
                            cpus_per_slot=8, use_gpu=True, gpus_per_slot=2)
     assert (executor.num_hosts, executor.num_workers_per_host, executor.cpus_per_worker,
             executor.gpus_per_worker) == (2, 4, 8, 2)
+
+
+def test_elastic_ray_executor_with_gpus_through_the_alias(ray_head):
+    """ElasticRayExecutor(use_gpu=True) as Horovod's examples/ray/pytorch_ray_elastic.py
+    starts it: a slot per (logical) GPU, every worker seeing its node's GPUs in
+    CUDA_VISIBLE_DEVICES (Horovod's rule), the collectives and the training run against
+    their references."""
+    from horovodish.compat import alias_path
+    path = os.pathsep.join([alias_path(), os.environ.get("PYTHONPATH", "")])
+    outcome = run_driver(ray_head.address, "elastic-executor", env={"PYTHONPATH": path},
+                         timeout=300)
+    assert outcome["problems"] == [], outcome["output"][-5000:]
