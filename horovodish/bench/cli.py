@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from mpi4py import MPI
 
@@ -38,6 +39,18 @@ def sharing_cost(comm: MPI.Comm) -> float | None:
     from .sharing import measure
     times = measure(comm, 1 << 20, 30)
     return times["after rank 1 read it"] / times["alone"] if times else None
+
+
+def simulated_negotiation(comm: MPI.Comm, quick: bool) -> dict | None:
+    """Rank 0's negotiation at 2 to 4,096 simulated ranks (bench/negotiation.py), 162
+    tensors, run on rank 0 while the others wait without spinning; None elsewhere."""
+    from .negotiation import RANKS, run
+    figures = run((2, 128) if quick else RANKS, (162,), 1 if quick else 5) \
+        if comm.Get_rank() == 0 else None
+    done = comm.Ibarrier()
+    while not done.Test():
+        time.sleep(0.005)
+    return figures
 
 
 def _per_call(comm: MPI.Comm, args: argparse.Namespace) -> list[dict]:
@@ -103,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         if comm.allreduce(jax_training.available(), op=MPI.LAND):
             figures["jax_training"] = jax_training.jax_training_step(comm,
                                                                      rounds=args.rounds + 2)
+    figures["negotiation"] = simulated_negotiation(comm, quick=args.budget_scale < 1)
     mode_after = sharing_cost(comm)
     if mode_before is not None and mode_after is not None:
         figures["sharing"] = {"before": mode_before, "after": mode_after}

@@ -320,7 +320,29 @@ def _launchers(record: dict[str, Any]) -> str:
                      ratios))
 
 
+def _negotiation(record: dict[str, Any]) -> str:
+    f = record["figures"]
+    out = [_source(record), f"\nRank 0's Python work per cycle in ms (median of "
+           f"{f['repeats']} fresh runs), and in brackets the network's part as modelled "
+           f"(α = {f['alpha_us']:g} µs, {f['link_gbit_s']:g} Gbit/s links; see the model "
+           "above). Steady is the fast path (every tensor a cache hit); one miss is one "
+           "tensor whose shape changed, beside cache hits.\n"]
+    for tensors in sorted({row["tensors"] for row in f["rows"]}):
+        rows = [row for row in f["rows"] if row["tensors"] == tensors]
+        sizes = sorted({row["ranks"] for row in rows})
+        table = []
+        for scenario in dict.fromkeys(row["scenario"] for row in rows):
+            cells = {row["ranks"]: row for row in rows if row["scenario"] == scenario}
+            table.append([scenario] + [
+                f"{cells[n]['work_ms']:.2f} ({cells[n]['model_network_ms']:.2f})"
+                if n in cells else "-" for n in sizes])
+        out.append(f"\n{tensors} tensors:\n\n")
+        out.append(_table(["cycle", *(f"{n:,} ranks" for n in sizes)], table))
+    return "".join(out)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "negotiation": _negotiation,
     "bench": _bench, "horovod-suites": _horovod_suites, "gpu": _gpu, "bench-jax": _bench_jax,
     "gpu-against-ddp": _against_ddp, "gpu-against-ddp-2-ranks": _against_ddp,
     "launchers": _launchers}

@@ -76,6 +76,12 @@ def print_report(size: int, figures: dict) -> None:
     if figures.get("per_call"):
         from .per_call import print_rows as print_per_call
         print_per_call(figures["per_call"], "gloo")
+    if figures.get("negotiation"):
+        print("\nnegotiation, simulated ranks (bench/negotiation.py): rank 0's Python work "
+              "per cycle, ms (modelled network ms)")
+        for row in figures["negotiation"]["rows"]:
+            print(f"  {row['ranks']:>5} ranks x {row['tensors']} tensors, "
+                  f"{row['scenario']:<30} {row['work_ms']:7.2f} ({row['model_network_ms']:.2f})")
     idle = figures["idle"]
     print(f"\nidle cost: the idle runtime thread uses {idle['runtime_thread_cpu_percent']:.2f}% "
           f"of a core while a compute-bound loop runs; the loop runs "

@@ -55,7 +55,8 @@ class StallInspector:
         if not waiting:
             return False
         now = self.clock()
-        stalled = {name: ranks for name, ranks in waiting.items()
+        # Ages first, by name: the ranks of a name are built only for the stalled ones.
+        stalled = {name: waiting[name] for name in waiting
                    if now - self._first_seen.get(name, now) >= self.check_time}
         if not stalled:
             return False

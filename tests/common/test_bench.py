@@ -98,6 +98,13 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     assert "per call: horovodish allreduce_ against torch.distributed.all_reduce (gloo)" \
         in result.stdout
     assert png.stat().st_size > 1000
+    # Rank 0's simulated negotiation: every scenario at 2 and 128 ranks, the slow ones
+    # negotiated on the slow path, the steady one not, and Python work measured.
+    cycles = {(row["ranks"], row["scenario"]): row for row in figures["negotiation"]["rows"]}
+    assert {ranks for ranks, _ in cycles} == {2, 128}
+    assert cycles[(128, "first step")]["slow_path"] and not cycles[(128, "steady")]["slow_path"]
+    assert all(row["work_ms"] > 0 for row in cycles.values())
+    assert cycles[(128, "first step")]["gathered_mb"] > cycles[(2, "first step")]["gathered_mb"]
     idle = figures["idle"]
     share = idle["runtime_thread_cpu_percent"]
     assert idle["rounds"] == 3 and (share != share or 0 < share < 100)  # nan: no schedstat

@@ -7,7 +7,8 @@ One cycle:
      rank which cached responses all ranks have ready, which cache entries to drop, and
      whether anyone has uncached requests, has joined, or wants to shut down.
   3. Only if someone has uncached requests: gather them at the coordinator (rank 0),
-     which decides responses (see coordinator.py) and broadcasts them.
+     as one compact record per rank (request_records.py), which decides responses
+     (see coordinator.py) and broadcasts them.
 Cached responses run first, in bit order, then the coordinator's, in its order; so the
 order is the same on every rank whatever order the ranks submitted in.
 
@@ -24,13 +25,14 @@ from __future__ import annotations
 
 import time
 from operator import attrgetter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generator, NamedTuple, Sequence
 
 import numpy as np
 
 from .coordinator import Coordinator
 from ..messages import Request, RequestType, Response
+from .request_records import encode as encode_requests
 from .response_cache import CachedResponse, ResponseCache
 from .transport import Pending, Transport
 from ..stall import StallInspector
@@ -42,10 +44,14 @@ FLAG_JOINED = 4
 FLAG_STALLED = 8
 FLAG_EAGER_MISS = 16  # some rank did not fill its region with the plan's tensors
 FLAG_NO_EAGER = 32  # rank 0 records a timeline: plan nothing (it would miss every plan)
+FLAG_RESIZED = 64  # a cached allgather/alltoall has new first dims or splits (_resize)
 _WORD_MASK = (1 << 64) - 1
 # Enum members read through the class cost ~75 ns each: hot loops use these.
 _JOIN = RequestType.JOIN
 _ALLREDUCE = RequestType.ALLREDUCE
+_ALLGATHER = RequestType.ALLGATHER
+_ALLTOALL = RequestType.ALLTOALL
+_RESIZABLE = (RequestType.ALLGATHER, RequestType.ALLTOALL)
 _BIT_OF = attrgetter("bit")
 
 
@@ -210,6 +216,8 @@ class Controller:
                     hits = [cached for cached in hits if ready & cached.mask]
                 hits.sort(key=_BIT_OF)
                 responses = self.cache.take_entries(hits)
+            if flags & FLAG_RESIZED:
+                responses = self._resize(responses)
             pop = waiting.pop
             for response in responses:
                 pop(response.name, None)
@@ -269,6 +277,7 @@ class Controller:
     def _classify(self, now: float, shutdown: bool
                   ) -> tuple[list[CachedResponse], int, list[_Waiting], tuple[int, int, int, int]]:
         ready = invalid = 0  # bit sets as Python ints: cheap to build and to test
+        resized = False
         hits: list[CachedResponse] = []
         uncached: list[_Waiting] = []
         caching = self._words > 0
@@ -288,6 +297,11 @@ class Controller:
                     others_joined and request.type is not allreduce):
                 ready |= cached.mask
                 hits.append(cached)
+            elif _resized(cached.signature, request) and submitted_at > stale_before and \
+                    not others_joined:
+                ready |= cached.mask  # a hit whose first dimension rides _resize
+                hits.append(cached)
+                resized = True
             else:
                 invalid |= 1 << cached.bit
                 uncached.append(waiting)
@@ -302,6 +316,8 @@ class Controller:
             flags |= FLAG_UNCACHED  # new parameters travel with the coordinator's broadcast
         if shutdown:
             flags |= FLAG_SHUTDOWN
+        if resized:
+            flags |= FLAG_RESIZED
         if self._joined:
             flags |= FLAG_JOINED
         if self.coordinator is not None and self.coordinator.check_stall():
@@ -335,17 +351,54 @@ class Controller:
         leaving = ~int.from_bytes(leaving_raw, "little") & _mask(len(leaving_raw))
         return flags, ready, invalid, leaving
 
+    def _resize(self, responses: list[Response]) -> list[Response]:
+        """Some rank's cached allgather or alltoall changed its first dimension or its
+        splits (FLAG_RESIZED): every rank sends those numbers for each ready allgather
+        and alltoall, in response order (the same on every rank), in one small allgather
+        instead of a slow-path cycle, and the cache keeps the new ones (as this rank's
+        signature, its request)."""
+        at = [i for i, response in enumerate(responses) if response.type in _RESIZABLE]
+        if not at:
+            return responses
+        size, waiting = self.size, self._waiting
+        mine: list[int] = []
+        for i in at:
+            waited = waiting.get(responses[i].name)
+            request = waited[0] if waited is not None else None
+            rows = request.shape[0] if request is not None and request.shape else 0
+            mine.append(rows)
+            if responses[i].type is _ALLTOALL:
+                mine.extend(request.splits if request is not None and request.splits
+                            is not None else [rows // size] * size)
+        everyone = self.transport.allgather_ints(np.asarray(mine, dtype=np.int64))
+        responses = list(responses)
+        column = 0
+        for i in at:
+            old = responses[i]
+            first_dims = everyone[:, column].tolist()
+            shape = (first_dims[0],) + old.shape[1:] if old.shape else old.shape
+            if old.type is _ALLTOALL:
+                splits = tuple(map(tuple, everyone[:, column + 1:column + 1 + size].tolist()))
+                new = replace(old, shape=shape, splits=splits)
+                column += 1 + size
+            else:
+                new = replace(old, shape=shape, first_dims=tuple(first_dims))
+                column += 1
+            waited = waiting.get(old.name)
+            self.cache.refresh(new, waited[0] if waited is not None else None)
+            responses[i] = new
+        return responses
+
     def _negotiate_slow(self, uncached: list[_Waiting]) -> tuple[list[Response], Any]:
         requests = [request for request, _ in uncached]
         for request in requests:
             del self._waiting[request.name]
             self._sent[request.name] = request
-        gathered = self.transport.gather(requests)
+        gathered = self.transport.gather_records(encode_requests(requests))
         payload = None
         if self.coordinator is not None:
             assert gathered is not None
-            for rank, requests in enumerate(gathered):
-                self.coordinator.add(rank, requests, self.timeline)
+            self.coordinator.add_gathered(gathered, self.timeline)
             payload = (self.coordinator.ready_responses(), self.params_to_send)
             self.params_to_send = None
         responses, params = self.transport.bcast(payload)
@@ -366,6 +419,17 @@ def finish_cycle(steps: Generator[Pending, None, CycleResult]) -> CycleResult:
     except StopIteration as end:
         return end.value
     raise RuntimeError("a negotiation cycle waited twice")
+
+
+def _resized(cached: Request | None, request: Request) -> bool:
+    """An allgather or alltoall request equal to the cached one but for its first
+    dimension and the values of its splits (explicit on both, or on neither)."""
+    return (request.type in _RESIZABLE and cached is not None
+            and cached.type is request.type
+            and len(request.shape) == len(cached.shape) > 0
+            and request.shape[1:] == cached.shape[1:] and request[2] == cached[2]
+            and request[4:9] == cached[4:9]
+            and (request.splits is None) == (cached.splits is None))
 
 
 def _mask(nbytes: int) -> int:

@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from ..peer_wait import Patience
 from .shm_exchange import ShmExchange
+from .request_records import GatheredRecords
 from .transport import Pending, Transport
 
 _SPIN_SECONDS = 50e-6
@@ -127,6 +128,7 @@ class MPITransport(Transport):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        self._records_buffer: np.ndarray | None = None  # rank 0's, see gather_records
         # The runtime raises this while it has nothing pending: noticing a finished idle
         # negotiation a few ms late costs nothing, and every poll takes the GIL from the
         # training thread.
@@ -270,3 +272,31 @@ class MPITransport(Transport):
 
     def bcast(self, obj: Any) -> Any:
         return self.comm.bcast(obj, root=0)
+
+    def allgather_ints(self, values: np.ndarray) -> np.ndarray:
+        mine = np.ascontiguousarray(values, dtype=np.int64)
+        rows = np.empty((self.size, len(mine)), dtype=np.int64)
+        self.comm.Allgather(mine, rows)
+        return rows
+
+    def gather_records(self, record: bytes) -> GatheredRecords | None:
+        """The records' lengths, then the records into one buffer at rank 0 (what a
+        pickled gather does too, less the unpickling of every rank's object)."""
+        mine = np.frombuffer(record, dtype=np.uint8)
+        root = self.rank == 0
+        lengths = np.empty(self.comm.Get_size(), dtype=np.int64) if root else None
+        self.comm.Gather(np.array([len(record)], dtype=np.int64), lengths, root=0)
+        if not root:
+            self.comm.Gatherv(mine, None, root=0)
+            return None
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        # One receive buffer, grown as needed: a fresh one of tens of MB (thousands of
+        # ranks' records) would cost rank 0 its page faults every slow cycle.
+        held = self._records_buffer
+        if held is None or held.size < total:
+            held = self._records_buffer = np.empty(total + total // 4, dtype=np.uint8)
+        buffer = held[:total]
+        self.comm.Gatherv(mine, [buffer, lengths, offsets[:-1], MPI.BYTE], root=0)
+        return GatheredRecords(buffer, offsets)

@@ -84,6 +84,13 @@ class ResponseCache:
         self._by_bit[bit] = cached
         self.version += 1
 
+    def refresh(self, response: Response, signature: Request | None) -> None:
+        """Replace a cached response by a new one for the same name, at its bit and its
+        place in the LRU order (an allgather whose first dimensions changed)."""
+        cached = self._by_name[response.name]
+        cached.response, cached.signature = response, signature
+        self.version += 1
+
     def erase(self, bit: int) -> None:
         cached = self._by_bit.pop(bit, None)
         if cached is None:

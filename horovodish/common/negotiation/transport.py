@@ -1,5 +1,6 @@
 """What negotiation needs from the network: a bitwise-AND allreduce, a gather at the
-coordinator and a broadcast from it; and, for cycles that carry small allreduces with
+coordinator (of objects, and of every rank's request record as bytes) and a
+broadcast from it; and, for cycles that carry small allreduces with
 their negotiation (execution/piggyback.py), the same AND with every rank's bytes gathered
 alongside. MPI in production (mpi_transport.py), a fake world in the unit tests, so the
 controller runs in one process there.
@@ -10,6 +11,8 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
+
+from .request_records import GatheredRecords
 
 
 class Pending:
@@ -66,6 +69,18 @@ class Transport(ABC):
     @abstractmethod
     def bcast(self, obj: Any) -> Any:
         """The coordinator's obj on every rank."""
+
+    def gather_records(self, record: bytes) -> GatheredRecords | None:
+        """Every rank's request record (request_records.py) at the coordinator, as one
+        buffer; None elsewhere. This default rides on gather (fakes)."""
+        records = self.gather(record)
+        return None if records is None else GatheredRecords.of(records)
+
+    def allgather_ints(self, values: np.ndarray) -> np.ndarray:
+        """Every rank's int64 vector (the same length on every rank), as rows in rank
+        order, on every rank. This default rides on gather and bcast (fakes)."""
+        gathered = self.gather(np.asarray(values, dtype=np.int64).copy())
+        return self.bcast(None if gathered is None else np.stack(gathered))
 
     def region(self, words: int, nbytes: int) -> np.ndarray:
         """This rank's region (uint8) for the next ``start_gather_and`` of a vector of
