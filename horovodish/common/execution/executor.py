@@ -20,13 +20,13 @@ from ..errors import HorovodInternalError, RankMismatchError
 from ..dtypes import FLOATING, numpy_dtype
 from ..messages import ReduceOp, RequestType, Response
 from ..entry import Entry, finish_all
+from ..negotiation.eager_plan import EagerPlan
 from ..timeline import Timeline, now_us
 from .arithmetic import divide_toward_zero, reduce_ufunc, scale_into
 from .cuda import DEVICE_CUDA
 from .fused_group import AllreduceGroup, Workspace, hand_out, pack_inputs, scaled_copy
 from .operations import OperationManager
-from .piggyback import (EagerGroup, EagerPlan, EagerViews, gather_slices, reduce_gathered,
-                        reduce_my_slice)
+from .piggyback import EagerGroup, EagerViews, gather_slices, reduce_gathered, reduce_my_slice
 from .piggyback import pack as eager_pack
 
 
