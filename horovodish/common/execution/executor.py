@@ -129,7 +129,7 @@ class Executor:
         """One rank: every reduction of one input is that input, so what is left is the
         scaling, applied as the fused path applies it (prescale, then postscale). An
         unscaled call in place costs nothing; a fusion buffer would cost a pack and a
-        copy out (7 MB of gradients: 1.4 ms of a 12 ms step on the 2-core VM)."""
+        copy out (7 MB of gradients: 1.4 ms of a 12 ms step on a 2-core x86 machine)."""
         self._phase("LOCAL_ALLREDUCE")
         entries, pre, post = spec.entries, spec.prescale, spec.postscale
         if any(entry is not None and entry.output is None for entry in entries):
