@@ -2,7 +2,7 @@
 
 Ratios against MPI depend on it as much as on the runtime. glibc's
 ``glibc.malloc.hugetlb=1`` (which ``horovodishrun`` gives the ranks) made raw
-``MPI_Allreduce`` 1.3 to 1.7 times faster at 1 and 64 MiB on the project's test machine,
+``MPI_Allreduce`` 1.3 to 1.7 times faster at 1 and 64 MiB on a 2-core x86 machine,
 and it covers TensorFlow's tensors; PyTorch's own switch covers torch's (docs/tuning.md,
 section 4). The bench records both with its figures, so that runs are compared with
 runs of the same kind.

@@ -5,7 +5,7 @@
 Every transfer within a host, MPI's own and the runtime's shared-memory paths, ends with
 the reader's core holding copies of the lines it read, and the writer pays to take them
 back when it next writes there. How much depends on where the two cores sit, which a VM
-does not show: on this project's AMD EPYC VM, 3x a plain write when both vCPUs are on
+does not show: on a 2-core AMD EPYC machine, 3x a plain write when both vCPUs are on
 one CCD (one L3), up to 20x when they are on two, and the host can move them while a job
 runs. That is what made MPI's and our times move together by 2 to 4x between runs, and
 why shared-memory slots are taken in turn (docs/tuning.md, section 5).
@@ -26,7 +26,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-EVICT_BYTES = 2 << 20  # an L2 on this VM
+EVICT_BYTES = 2 << 20  # an L2's size on the AMD EPYC above
 
 
 def measure(comm: MPI.Comm, nbytes: int, repeats: int) -> dict[str, float]:

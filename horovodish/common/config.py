@@ -89,7 +89,7 @@ class Config:
     gpu_allreduce: str | None = None
     ring_threshold: int = DEFAULT_RING_THRESHOLD
     # Bytes a rank may receive when small steady allreduces ride on the negotiation
-    # (execution/piggyback.py); 0: never.
+    # (negotiation/eager_plan.py); 0: never.
     eager_limit: int = 128 << 10
     timeline: str | None = None
     timeline_mark_cycles: bool = False

@@ -3,8 +3,8 @@ that runs without glibc's tunable for them.
 
 glibc's ``glibc.malloc.hugetlb=1`` (which ``horovodishrun`` gives every rank) puts what
 malloc maps on huge pages: MPI's own buffers and TensorFlow's tensors. Without it MPI
-moved them 4 KiB page by page, and large collectives ran 1.3 to 1.7 times slower on the
-project's test machine (docs/tuning.md, section 4). It only takes effect when a process
+moved them 4 KiB page by page, and large collectives ran 1.3 to 1.7 times slower on a
+2-core x86 machine (docs/tuning.md, section 4). It only takes effect when a process
 starts, so a job started with plain ``mpirun`` can only be told.
 """
 from __future__ import annotations
@@ -41,9 +41,11 @@ def missing_tunable_hint(environ: Mapping[str, str], mode: str) -> str | None:
     tunable is named (with any value: ``=0`` keeps glibc's default and silences this)."""
     if malloc_setting(environ) != "unset" or mode != "madvise":
         return None
-    return (f"the ranks run without GLIBC_TUNABLES={MALLOC_TUNABLE}=1, so MPI's buffers "
-            "and TensorFlow's tensors sit in 4 KiB pages (large collectives ran 1.3-1.7x "
-            "slower so on 2 cores with 4 KiB pages: docs/tuning.md). horovodishrun sets it; "
+    return (f"the ranks run without GLIBC_TUNABLES={MALLOC_TUNABLE}=1, and this "
+            "machine's kernel gives transparent huge pages only to memory that asks for "
+            "them (mode madvise), so MPI's buffers and TensorFlow's tensors sit in 4 KiB "
+            "pages (large collectives ran 1.3-1.7x slower in them: docs/tuning.md). "
+            "horovodishrun sets it; "
             f"with another launcher, set GLIBC_TUNABLES={MALLOC_TUNABLE}=1 in the ranks' "
             "environment (mpirun: -x with Open MPI, -genv with MPICH; torchrun, srun and "
             f"the others pass their own environment on), or {MALLOC_TUNABLE}=0 to keep "

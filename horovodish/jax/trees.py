@@ -18,7 +18,7 @@ import numpy as np
 
 from ..common.api import collectives as core
 from ..common.api.process_sets import ProcessSet, global_process_set
-from ..common.execution.fusion import ALIGN
+from ..common.execution.buffers import ALIGN
 from ..common.messages import ReduceOp, RequestType
 from .handles import Handle
 from .views import View, host_empty, view

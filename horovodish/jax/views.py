@@ -24,7 +24,7 @@ import numpy as np
 
 from ..common.api import collectives as core
 from ..common.execution.cuda import DEVICE_CUDA, DEVICE_CUDA_STAGED, DeviceArray, load_cupy
-from ..common.execution.fusion import aligned_empty
+from ..common.execution.buffers import aligned_empty
 from ..common.messages import ReduceOp, RequestType
 
 _CUDA = 2  # DLPack's device type for CUDA memory (kDLCUDA)

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..common.execution.fusion import ALIGN, ResultBlocks, aligned_empty
+from ..common.execution.buffers import ALIGN, ResultBlocks, aligned_empty
 
 _BYTES = np.dtype(np.uint8)
 

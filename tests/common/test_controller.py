@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from horovodish.common.execution.fusion import FusionBuffers, plan_fusion
+from horovodish.common.execution.buffers import FusionBuffers
+from horovodish.common.execution.fusion import plan_fusion
 from horovodish.common.messages import ReduceOp, Request, RequestType, Response
 
 from .fake_world import FakeWorld

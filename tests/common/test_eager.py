@@ -1,4 +1,4 @@
-"""Eager cycles (execution/piggyback.py): the plan, its prediction from agreed results,
+"""Eager cycles (negotiation/eager_plan.py): the plan, its prediction from agreed results,
 and the controller's exchange, in one process with the fake transport. The multi-rank
 worker (workers/eager_worker.py) checks the reductions themselves against numpy."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from horovodish.common.execution.piggyback import EagerPredictor, plan_eager
 from horovodish.common.execution.fusion import plan_fusion
 from horovodish.common.messages import ReduceOp, Request, RequestType, Response
+from horovodish.common.negotiation.eager_plan import EagerPredictor, plan_eager
 
 from multirank import assert_ranks_ok, run_ranks
 

@@ -1,11 +1,11 @@
-"""Result blocks (fusion.ResultBlocks): handed-out views are never overwritten, dropped
+"""Result blocks (buffers.ResultBlocks): handed-out views are never overwritten, dropped
 ones are reused, idle blocks are released. Pure logic, one process."""
 from __future__ import annotations
 
 import numpy as np
 
-from horovodish.common.execution import fusion
-from horovodish.common.execution.fusion import ResultBlocks
+from horovodish.common.execution import buffers
+from horovodish.common.execution.buffers import ResultBlocks
 from huge_pages import huge_page_kib, thp_mode
 
 F32 = np.dtype(np.float32)
@@ -42,7 +42,7 @@ def counting_allocations(monkeypatch) -> list:
     def counting_empty(*args, **kwargs):
         allocations.append(args)
         return real_empty(*args, **kwargs)
-    monkeypatch.setattr(fusion.np, "empty", counting_empty)
+    monkeypatch.setattr(buffers.np, "empty", counting_empty)
     return allocations
 
 
@@ -154,15 +154,15 @@ def test_small_blocks_align_to_64_bytes_large_ones_to_a_huge_page():
     """Large host blocks (results, the ring's scratch) start on a 2 MiB boundary, so
     the kernel can back all of them with huge pages (MPI's transfers into 4 KiB pages
     ran at half speed); small ones on 64 bytes, what TensorFlow needs."""
-    for count, align in ((3, fusion.ALIGN), (1000, fusion.ALIGN),
-                         (fusion.HUGE_PAGE // 4, fusion.HUGE_PAGE), (3 << 20, fusion.HUGE_PAGE)):
-        block = fusion.aligned_empty(count, F32)
+    for count, align in ((3, buffers.ALIGN), (1000, buffers.ALIGN),
+                         (buffers.HUGE_PAGE // 4, buffers.HUGE_PAGE), (3 << 20, buffers.HUGE_PAGE)):
+        block = buffers.aligned_empty(count, F32)
         assert block.size == count and block.__array_interface__["data"][0] % align == 0, \
             f"a block of {count} floats does not start on {align} bytes"
-    block = fusion.aligned_empty(3 << 20, F32)  # 12 MiB: numpy advises huge pages
+    block = buffers.aligned_empty(3 << 20, F32)  # 12 MiB: numpy advises huge pages
     block.fill(1.0)
     low = block.__array_interface__["data"][0]
     if thp_mode() != "never":  # all six, but one the kernel could not find room for
         huge = huge_page_kib(low, low + block.nbytes)
-        assert huge * 1024 >= block.nbytes - fusion.HUGE_PAGE, \
+        assert huge * 1024 >= block.nbytes - buffers.HUGE_PAGE, \
             f"{huge} kB of huge pages back a {block.nbytes >> 20} MiB block"

@@ -177,8 +177,8 @@ def test_every_core_module_imports_first_in_a_fresh_interpreter():
 
 # The core's stages, from the top down (docs/internals.md, "Stages"): a module may import
 # its own stage and the stages below it, never one above. The backends sit between the
-# executor that calls them and the execution helpers they are built from (the fusion
-# buffer's host memory, fused groups, arithmetic, CUDA). Any other module directly in
+# executor that calls them and the execution helpers they are built from (fusion plans,
+# buffers, fused groups, arithmetic, CUDA). Any other module directly in
 # horovodish/common/ is a leaf (records, errors, settings, the shared-memory barrier,
 # entries and handles): below every stage.
 _EXECUTION = "horovodish.common.execution"
@@ -189,8 +189,8 @@ STAGES = [
     ("negotiation and the executor", ("horovodish.common.negotiation", _EXECUTION)),
     ("backends", (f"{_EXECUTION}.backends",)),
     ("execution helpers", tuple(f"{_EXECUTION}.{name}" for name in (
-        "arithmetic", "datatype_copies", "fusion", "fused_group", "cuda", "cuda_streams",
-        "gpu_fusion"))),
+        "arithmetic", "datatype_copies", "fusion", "buffers", "fused_group", "cuda",
+        "cuda_streams", "gpu_fusion"))),
 ]
 
 

@@ -3,7 +3,8 @@
 ``__all__`` is the one list of names every adapter re-exports (``horovodish.torch``,
 ``horovodish.tensorflow``, ``horovodish.tensorflow.keras``), so they cannot drift apart.
 Inside the package the modules form a one-way chain: ``process_state`` (imports no other
-API module) <- ``process_sets`` <- ``collectives`` <- ``objects`` <- ``lifecycle``.
+API module) <- ``process_sets`` <- ``collectives`` <- ``objects`` <- ``process_set_registry``
+<- ``lifecycle``.
 """
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from .lifecycle import (add_process_set, init, remove_process_set, shutdown, start_timeline,

@@ -2,7 +2,7 @@
 
 Each set negotiates on its own: it has its own communicator, runtime thread, coordinator
 (the set's lowest rank), response cache and queue, so sets make progress independently.
-Creating and removing sets is collective over all ranks, as in Horovod (lifecycle.py).
+Creating and removing sets is collective over all ranks, as in Horovod (process_set_registry.py).
 """
 from __future__ import annotations
 

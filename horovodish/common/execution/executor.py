@@ -20,13 +20,13 @@ from ..errors import HorovodInternalError, RankMismatchError
 from ..dtypes import FLOATING, numpy_dtype
 from ..messages import ReduceOp, RequestType, Response
 from ..entry import Entry, finish_all
+from ..negotiation.eager_plan import EagerPlan
 from ..timeline import Timeline, now_us
 from .arithmetic import divide_toward_zero, reduce_ufunc, scale_into
 from .cuda import DEVICE_CUDA
 from .fused_group import AllreduceGroup, Workspace, hand_out, pack_inputs, scaled_copy
 from .operations import OperationManager
-from .piggyback import (EagerGroup, EagerPlan, EagerViews, gather_slices, reduce_gathered,
-                        reduce_my_slice)
+from .piggyback import EagerGroup, EagerViews, gather_slices, reduce_gathered, reduce_my_slice
 from .piggyback import pack as eager_pack
 
 
@@ -129,7 +129,7 @@ class Executor:
         """One rank: every reduction of one input is that input, so what is left is the
         scaling, applied as the fused path applies it (prescale, then postscale). An
         unscaled call in place costs nothing; a fusion buffer would cost a pack and a
-        copy out (7 MB of gradients: 1.4 ms of a 12 ms step on the 2-core VM)."""
+        copy out (7 MB of gradients: 1.4 ms of a 12 ms step on a 2-core x86 machine)."""
         self._phase("LOCAL_ALLREDUCE")
         entries, pre, post = spec.entries, spec.prescale, spec.postscale
         if any(entry is not None and entry.output is None for entry in entries):

@@ -19,7 +19,7 @@ from ..messages import ReduceOp, Response
 from ..entry import Entry
 from .arithmetic import divide_toward_zero, scale_into, scale_once
 from .datatype_copies import MIN_OUTPUTS, DatatypeCopier
-from .fusion import FusionBuffers, ResultBlocks
+from .buffers import FusionBuffers, ResultBlocks
 
 
 def _no_phase(phase: str) -> None:

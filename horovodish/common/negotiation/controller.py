@@ -13,7 +13,7 @@ Cached responses run first, in bit order, then the coordinator's, in its order; 
 order is the same on every rank whatever order the ranks submitted in.
 
 Small steady allreduces ride on step 2 (``eager``, set between cycles from what every
-rank agreed on, see execution/piggyback.py): the AND becomes an allgather of [vector |
+rank agreed on, see negotiation/eager_plan.py): the AND becomes an allgather of [vector |
 region], each rank packing into its region the tensors the plan expects. If every rank
 did, the cycle's responses are those tensors and their data is already here: no data
 collective follows. If any rank could not (FLAG_EAGER_MISS), the regions are ignored and

@@ -13,9 +13,9 @@ meetings of the exchanges in between, which no rank passes before it has finishe
 reading set t.
 
 Why four sets, not the two that safety needs: a rank that writes a line another core
-has just read pays for taking it back (measured on this VM's AMD EPYC: 1 MiB took 75 us
-against 24 us, and 450 us when the two vCPUs sit on different CCDs, which is when MPI
-is slow too). Four sets give the other core time to drop the lines first: 1 MiB and
+has just read pays for taking it back (measured on a 2-core AMD EPYC machine: 1 MiB
+took 75 us against 24 us, and 450 us when the two vCPUs sit on different CCDs, which is
+when MPI is slow too). Four sets give the other core time to drop the lines first: 1 MiB and
 2 MiB eager cycles took 0.87-0.92x and 0.75-0.76x the time in such jobs, 1.02x and
 1.07-1.10x in the others, and 64 KiB and 256 KiB were unchanged (docs/tuning.md).
 """

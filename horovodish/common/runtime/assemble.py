@@ -18,11 +18,11 @@ from ..execution.backends.nccl import NcclBackend
 from ..execution.backends.ring import RingBackend
 from ..execution.backends.shm import SharedMemoryBackend
 from ..execution.cuda import GpuOperations
-from ..execution.piggyback import CROSS_HOST_EAGER_LIMIT, SPLIT_EAGER_LIMIT, EagerPredictor
 from ..negotiation.shm_exchange import TURNS
 from ..execution.executor import Executor
 from ..execution.operations import OperationManager
 from ..negotiation.controller import Controller
+from ..negotiation.eager_plan import CROSS_HOST_EAGER_LIMIT, SPLIT_EAGER_LIMIT, EagerPredictor
 from ..negotiation.mpi_transport import MPITransport
 from ..peer_wait import Patience
 from ..stall import StallInspector

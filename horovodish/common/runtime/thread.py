@@ -31,10 +31,10 @@ from typing import Any, Callable, Generator
 from . import interrupts
 from .alarm import make_alarm
 from ..negotiation.controller import Controller, CycleResult, finish_cycle
+from ..negotiation.eager_plan import EagerPlan, EagerPredictor
 from ..negotiation.transport import Pending
 from ..entry import Entry
 from ..errors import HorovodInternalError
-from ..execution.piggyback import EagerPlan, EagerPredictor
 from ..execution.executor import Executor
 from ..execution.fusion import FusionPlanner
 from ..handles import Completions, Handle
@@ -98,7 +98,7 @@ class Runtime:
         self._stop_reason = ""
         self._in_flight: dict[str, Entry] = {}
         self._planner = FusionPlanner()
-        # Small steady allreduces riding on the negotiation (execution/piggyback.py): the
+        # Small steady allreduces riding on the negotiation (negotiation/eager_plan.py): the
         # plan for each next cycle, from what every rank agreed on.
         self.eager = eager
         if eager is not None:
@@ -444,7 +444,7 @@ class Runtime:
         return True
 
     def set_eager_limit(self, limit: int, split_limit: int = 0) -> None:
-        """New eager limits (piggyback.plan_eager), forgetting what was learnt (the bench's
+        """New eager limits (eager_plan.plan_eager), forgetting what was learnt (the bench's
         A/B). Every rank calls it at the same point with nothing in flight anywhere.
         Under the driver lock: a cycle that a caller handed to the thread may still be
         finishing (its handles done, its prediction not yet updated), and every rank's

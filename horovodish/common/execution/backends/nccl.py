@@ -31,7 +31,7 @@ from ...messages import ReduceOp, RequestType, Response
 from ...entry import Entry
 from ..cuda import load_cupy, load_nccl, why_not
 from ..cuda_streams import WorkStream
-from ..fusion import FusionBuffers, ResultBlocks
+from ..buffers import FusionBuffers, ResultBlocks
 from ..gpu_fusion import (BatchedCopier, pack_pointers, plan_layout, storage_dtype,
                           unpack_pointers)
 from ..fused_group import AllreduceGroup

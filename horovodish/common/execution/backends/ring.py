@@ -13,7 +13,7 @@ from mpi4py import MPI
 from ...dtypes import MPI_REDUCIBLE
 from ...messages import ReduceOp, RequestType
 from ..arithmetic import reduce_ufunc
-from ..fusion import aligned_empty
+from ..buffers import aligned_empty
 from .base import Backend
 
 _CHUNK_BYTES = 4 << 20

@@ -45,9 +45,9 @@ log = logging.getLogger("horovodish")
 # keep pack, reduce and copy-out in cache (docs/tuning.md).
 PIECE_BYTES = 1 << 20
 # Parts of each rank's segment that pieces take in turn. Two are enough for safety; with
-# four, a rank rarely writes a line another core has just read, which costs it dearly on
-# this VM (negotiation/shm_exchange.py): 4 MiB, 8 MiB and a burst of 256 x 16 KiB took
-# 0.86-0.92x the time in one job each (docs/tuning.md).
+# four, a rank rarely writes a line another core has just read, which costs it dearly
+# when the cores share no L3 (negotiation/shm_exchange.py): 4 MiB, 8 MiB and a burst of
+# 256 x 16 KiB took 0.86-0.92x the time in one job each (docs/tuning.md).
 TURNS = 4
 # After each rank's parts: a flag that says its input could not be packed.
 _FLAG_BYTES = 8
