@@ -76,6 +76,11 @@ def print_report(size: int, figures: dict) -> None:
     if figures.get("per_call"):
         from .per_call import print_rows as print_per_call
         print_per_call(figures["per_call"], "gloo")
+    if figures.get("cache_misses"):
+        misses = figures["cache_misses"]
+        print(f"\nslow-path cycles in each of {misses['steps']} steps (bench/cache_misses.py):")
+        for name in misses["total_after_first_step"]:
+            print(f"  {name.replace('_', ' '):34s} {misses[name]}")
     if figures.get("negotiation"):
         print("\nnegotiation, simulated ranks (bench/negotiation.py): rank 0's Python work "
               "per cycle, ms (modelled network ms)")

@@ -105,6 +105,10 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     assert cycles[(128, "first step")]["slow_path"] and not cycles[(128, "steady")]["slow_path"]
     assert all(row["work_ms"] > 0 for row in cycles.values())
     assert cycles[(128, "first step")]["gathered_mb"] > cycles[(2, "first step")]["gathered_mb"]
+    misses = figures["cache_misses"]  # slow-path cycles per step of real workloads
+    assert misses["distributed_optimizer"][0] >= 1  # the first step negotiates
+    assert misses["total_after_first_step"]["allgather_first_dims_change"] == 0
+    assert misses["total_after_first_step"]["alltoall_splits_change"] == 0
     idle = figures["idle"]
     share = idle["runtime_thread_cpu_percent"]
     assert idle["rounds"] == 3 and (share != share or 0 < share < 100)  # nan: no schedstat

@@ -1,0 +1,78 @@
+"""How often real workloads leave the response cache: slow-path cycles per step.
+
+A slow-path cycle is a gather at rank 0 and a broadcast back (docs/scaling.md): cheap on
+2 ranks, the cost that grows with the job at thousands. Counted here, per step, on the
+job's own ranks through the calls users make:
+
+- ``DistributedOptimizer`` training an MLP (its first steps negotiate every gradient);
+- the same model skipping its third layer on odd steps (that gradient then is absent);
+- ``allgather`` of a batch whose first dimension differs by rank and changes each step;
+- ``alltoall`` with splits that change each step.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+STEPS = 8
+
+
+def _slow_cycles() -> Callable[[], int]:
+    from ..common.api.process_sets import global_process_set
+    controller = global_process_set.runtime.controller
+    return lambda: controller.slow_cycles
+
+
+def _per_step(step: Callable[[int], None]) -> list[int]:
+    slow = _slow_cycles()
+    counts = []
+    for index in range(STEPS):
+        before = slow()
+        step(index)
+        counts.append(slow() - before)
+    return counts
+
+
+def cache_misses(rank: int, size: int) -> dict[str, Any]:
+    """Slow-path cycles in each of STEPS steps, per workload (collective: every rank)."""
+    import torch
+
+    from .. import torch as hvd
+
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([torch.nn.Linear(32, 32) for _ in range(4)])
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(layers.parameters(), lr=0.01),
+        named_parameters=[(f"layers.{name}", p) for name, p in layers.named_parameters()])
+    data = torch.randn(16, 32)
+
+    def train(skip_on_odd_steps: bool) -> Callable[[int], None]:
+        def step(index: int) -> None:
+            out = data
+            for number, layer in enumerate(layers):
+                if not (skip_on_odd_steps and number == 2 and index % 2):
+                    out = torch.relu(layer(out))
+            optimizer.zero_grad()
+            out.sum().backward()
+            optimizer.step()
+        return step
+
+    def allgather(index: int) -> None:
+        rows = 1 + (index * 3 + rank) % 5
+        hvd.allgather(torch.full((rows, 4), float(rank)), name="bench.cache.batch")
+
+    def alltoall(index: int) -> None:
+        splits = [(index + rank + dest) % 3 for dest in range(size)]
+        hvd.alltoall(torch.ones(sum(splits), 2), splits=torch.tensor(splits),
+                     name="bench.cache.routed")
+
+    figures = {"steps": STEPS,
+               "distributed_optimizer": _per_step(train(False)),
+               "skipping_a_layer_on_odd_steps": _per_step(train(True)),
+               "allgather_first_dims_change": _per_step(allgather),
+               "alltoall_splits_change": _per_step(alltoall)}
+    figures["total_after_first_step"] = {
+        name: int(np.sum(counts[1:])) for name, counts in figures.items()
+        if isinstance(counts, list)}
+    return figures
