@@ -1,0 +1,19 @@
+"""Collectives past 2**31 elements and 2**31 bytes on every CPU backend
+(tests/common/workers/large_tensor_worker.py); about 10 GiB of memory at 2 ranks."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from multirank import assert_ranks_ok, run_ranks
+
+WORKER = Path(__file__).parent / "workers" / "large_tensor_worker.py"
+CHECKS = ["allreduce_out_and_in_place", "broadcast_in_place", "allgather_past_two_gib",
+          "reducescatter_past_two_gib", "alltoall_past_two_gib"]
+
+
+@pytest.mark.parametrize("operations", ["mpi", "ring", "shm"])
+def test_every_collective_past_two_to_the_31(operations):
+    env = {"HOROVODISH_CPU_OPERATIONS": operations}
+    assert_ranks_ok(run_ranks(WORKER, 2, env=env, timeout=600), 2, CHECKS)
