@@ -28,7 +28,7 @@ from ..common.errors import RankMismatchError
 from ..common.messages import ReduceOp
 from ..common.handles import Handle
 from . import errors, interrupts
-from .outputs import ALIGN, OutputBlocks
+from ..common.execution.buffers import ALIGN, OutputBlocks
 
 _from_dlpack = tf.experimental.dlpack.from_dlpack
 

@@ -4,6 +4,7 @@ owns come back from CuPy blocks through DLPack, once per block. A CUDA tensor on
 host-staged path is copied to the host instead."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import ml_dtypes
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 
 from ..common.api.collectives import cuda_device
+from ..common.execution.buffers import PREFAULT_BYTES, OutputBlocks
 from ..common.execution.cuda import DEVICE_CUDA, DeviceArray
 from ..common.execution.cuda_streams import DeviceEvent, record_ready, stream_waits
 from ..common.messages import ReduceOp, RequestType
@@ -51,6 +53,24 @@ def from_numpy(array: np.ndarray) -> torch.Tensor:
     if array.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
+
+
+_OUTPUTS = OutputBlocks()
+_NUMPY_OF = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+             torch.bfloat16: ml_dtypes.bfloat16, torch.int8: np.int8, torch.uint8: np.uint8,
+             torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
+             torch.bool: np.bool_}
+
+
+def host_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An empty CPU tensor for a collective's result. From PREFAULT_BYTES on it comes
+    from blocks reused once no tensor made from them is alive, their pages written when
+    made (buffers.py says why: MPI receiving into fresh pages costs far more than the
+    copy), so a call in a loop neither allocates nor faults; smaller ones from torch."""
+    numpy_dtype = _NUMPY_OF.get(dtype)
+    if numpy_dtype is None or math.prod(shape) * dtype.itemsize < PREFAULT_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    return from_numpy(_OUTPUTS.one(shape, np.dtype(numpy_dtype)))
 
 
 def device_class(tensor: torch.Tensor) -> str:
@@ -169,7 +189,8 @@ def empty_allocator(like: torch.Tensor, keep: list[torch.Tensor], direct: bool =
     """An allocator the runtime calls once it knows the output shape; keeps the tensor.
     direct: on like's CUDA device, as a CuPy view (the NCCL path)."""
     def allocate(shape: tuple[int, ...]) -> Any:
-        out = torch.empty(shape, dtype=like.dtype, device=like.device)
+        out = host_empty(shape, like.dtype) if like.is_cpu else \
+            torch.empty(shape, dtype=like.dtype, device=like.device)
         keep.append(out)
         return as_cuda_view(out) if direct else as_numpy(out)
     return allocate

@@ -1,4 +1,4 @@
-"""TensorFlow's output buffers (horovodish/tensorflow/outputs.py), in one process: aligned
+"""TensorFlow's output buffers (horovodish/common/execution/buffers.py, as TensorFlow uses them), in one process: aligned
 so that TensorFlow adopts them without a copy, reused once nothing holds them, and never
 handed out again while a tensor made from them is alive."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from horovodish.tensorflow import ops  # noqa: E402
-from horovodish.tensorflow.outputs import ALIGN, OutputBlocks  # noqa: E402
+from horovodish.common.execution.buffers import ALIGN, OutputBlocks  # noqa: E402
 
 F32 = np.dtype(np.float32)
 

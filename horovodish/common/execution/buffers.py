@@ -8,8 +8,10 @@ NCCL backend passes its allocator.
 """
 from __future__ import annotations
 
+import math
 import sys
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -42,8 +44,18 @@ def aligned_empty(count: int, dtype: np.dtype) -> np.ndarray:
     align = HUGE_PAGE if nbytes >= HUGE_PAGE else ALIGN
     raw = np.empty(nbytes + align, np.uint8)
     start = -raw.ctypes.data % align
+    if nbytes >= PREFAULT_BYTES:
+        raw[start::_PAGE] = 0
     return np.frombuffer(memoryview(raw)[start:start + nbytes], dtype)
 
+
+# Large blocks are written once a page as they are made: the first write to a page from
+# this process is a cheap fault (a huge page's, mostly), but the first write from
+# another one (MPI receiving into it through process_vm_writev) faults each 4 KiB page
+# through the kernel: 256 MiB took 0.6-1 s that way on a 2-core x86 VM, against 20-30 ms
+# written here first (python -m horovodish.bench.collectives, first calls).
+PREFAULT_BYTES = 1 << 20
+_PAGE = 4096
 
 _host_empty = aligned_empty
 
@@ -190,3 +202,39 @@ class ResultBlocks:
             for i in sorted(set(doomed), reverse=True):
                 del self._blocks[i], self._last_taken[i]
             self._recent.clear()  # indices moved
+
+
+_BYTES = np.dtype(np.uint8)
+
+
+class OutputBlocks:
+    """Aligned output arrays from reused blocks, for adapters whose results adopt numpy
+    memory (TensorFlow through DLPack, torch through from_numpy: the tensor keeps its
+    view, and so the block, alive). Safe to call from any thread (a graph's collectives
+    run on TensorFlow's executor threads; allocators run on the runtime thread)."""
+
+    def __init__(self) -> None:
+        self._blocks = ResultBlocks(empty=aligned_empty)
+        self._lock = threading.Lock()
+
+    def one(self, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+        """An aligned output of shape and dtype."""
+        with self._lock:
+            block = self._blocks.take(dtype, math.prod(shape))
+        return block.reshape(shape)
+
+    def many(self, shapes: Sequence[Sequence[int]], dtypes: Sequence[np.dtype]
+             ) -> list[np.ndarray]:
+        """Aligned outputs for a group, carved from one block: per tensor a slice, not an
+        allocation (a burst of 256 allocations was 3 ms)."""
+        if len(shapes) == 1:
+            return [self.one(shapes[0], dtypes[0])]
+        places, total = [], 0
+        for shape, dtype in zip(shapes, dtypes):
+            nbytes = math.prod(shape) * dtype.itemsize
+            places.append((total, total + nbytes))
+            total += -(-nbytes // ALIGN) * ALIGN  # the next one starts aligned too
+        with self._lock:
+            block = self._blocks.take(_BYTES, total)
+        return [block[start:stop].view(dtype).reshape(shape)
+                for (start, stop), shape, dtype in zip(places, shapes, dtypes)]

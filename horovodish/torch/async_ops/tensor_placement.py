@@ -39,8 +39,9 @@ def contiguous_for_core(tensor: torch.Tensor, direct: bool = False) -> torch.Ten
 def empty_result_like(tensor: torch.Tensor, direct: bool = False) -> torch.Tensor:
     """An empty contiguous tensor for tensor's result: on its device if direct, else
     on the host."""
-    return torch.empty(tensor.shape, dtype=tensor.dtype,
-                       device=tensor.device if direct else None)
+    if direct:
+        return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    return tensor_views.host_empty(tuple(tensor.shape), tensor.dtype)
 
 
 def on_callers_device(result: torch.Tensor, like: torch.Tensor,
