@@ -1,10 +1,17 @@
 """The other collectives users call through torch, in place and out of place, and through
 TensorFlow, each next to MPI's own call on numpy buffers in the same run: broadcast,
-grouped allreduce, allgather and reducescatter (every public path, not only
-allreduce)."""
+grouped allreduce, allgather, reducescatter and alltoall (every public path, not only
+allreduce). The first call at each size is timed apart (fresh tensors, a fresh name, and
+for MPI fresh buffers): what a job pays once per size, page faults and setup included.
+
+    horovodishrun -np 2 python -m horovodish.bench.collectives [--max-bytes N] [--record docs/records]
+"""
 from __future__ import annotations
 
+import argparse
 import statistics
+import sys
+import time
 from typing import Callable
 
 import numpy as np
@@ -13,6 +20,7 @@ from mpi4py import MPI
 from .timing import Contender, alternating
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+SWEEP_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30, 2 << 30]
 GROUP = 8  # tensors of a grouped allreduce (the size is the group's)
 
 # op -> (its MPI baseline, [(path, factory of one synchronous call)]); a path's name
@@ -41,7 +49,11 @@ def _tensorflow_paths() -> dict[str, tuple[str, Factory]]:
     def reducescatter(nbytes: int, name: str) -> Contender:
         tensor = tf.zeros([nbytes // 4 // hvd.size() * hvd.size()])
         return lambda: hvd.reducescatter(tensor, name=name, op=hvd.Sum)
+    def alltoall(nbytes: int, name: str) -> Contender:
+        tensor = tf.zeros([nbytes // 4 // hvd.size() * hvd.size()])
+        return lambda: hvd.alltoall(tensor, name=name)
     return {"broadcast": ("tf broadcast", broadcast),
+            "alltoall": ("tf alltoall", alltoall),
             f"grouped allreduce of {GROUP}": ("tf grouped_allreduce", grouped),
             "allgather": ("tf allgather", allgather),
             "reducescatter": ("tf reducescatter", reducescatter)}
@@ -71,6 +83,11 @@ def _ops(comm: MPI.Comm, tensorflow: bool
         send, recv = np.zeros(count * size, np.float32), np.zeros(count, np.float32)
         return lambda: comm.Reduce_scatter_block(send, recv, op=MPI.SUM)
 
+    def mpi_alltoall(nbytes: int, name: str) -> Contender:
+        count = nbytes // 4 // size * size
+        send, recv = np.zeros(count, np.float32), np.zeros(count, np.float32)
+        return lambda: comm.Alltoall(send, recv)
+
     def broadcast(in_place: bool) -> Factory:
         def make(nbytes: int, name: str) -> Contender:
             tensor = torch.zeros(nbytes // 4)
@@ -92,6 +109,9 @@ def _ops(comm: MPI.Comm, tensorflow: bool
     def reducescatter(nbytes: int, name: str) -> Contender:
         tensor = torch.zeros(nbytes // 4 // size * size)
         return lambda: hvd.reducescatter(tensor, name=name, op=hvd.Sum)
+    def alltoall(nbytes: int, name: str) -> Contender:
+        tensor = torch.zeros(nbytes // 4 // size * size)
+        return lambda: hvd.alltoall(tensor, name=name)
     ops = {
         "broadcast": (mpi_bcast, [("broadcast_", broadcast(True)),
                                   ("broadcast", broadcast(False))]),
@@ -99,6 +119,7 @@ def _ops(comm: MPI.Comm, tensorflow: bool
             ("grouped_allreduce_", grouped(True)), ("grouped_allreduce", grouped(False))]),
         "allgather": (mpi_allgather, [("allgather", allgather)]),
         "reducescatter": (mpi_reducescatter, [("reducescatter", reducescatter)]),
+        "alltoall": (mpi_alltoall, [("alltoall", alltoall)]),
     }
     if tensorflow:
         for op, path in _tensorflow_paths().items():
@@ -116,6 +137,9 @@ def collectives(comm: MPI.Comm, sizes: list[int], rounds: int = 3,
     rows = []
     for op, (baseline, paths) in _ops(comm, tensorflow).items():
         for nbytes in sizes:
+            first = {path: _first_call(make(nbytes, f"bench.first.{path}.{nbytes}"), comm)
+                     for path, make in paths}
+            first["MPI"] = _first_call(baseline(nbytes, ""), comm)
             contenders = {path: make(nbytes, f"bench.{path}.{nbytes}")
                           for path, make in paths}
             contenders["MPI"] = baseline(nbytes, "")
@@ -125,6 +149,9 @@ def collectives(comm: MPI.Comm, sizes: list[int], rounds: int = 3,
             row = {"op": op, "bytes": nbytes, "mpi_s": mpi_s,
                    "paths": {path: {"seconds": s, "ratio_to_mpi": mpi_s / s}
                              for path, s in seconds.items()}}
+            row["first_call_s"] = first
+            row["first_over_later"] = {path: first[path] / s for path, s in seconds.items()}
+            row["first_over_later"]["MPI"] = first["MPI"] / mpi_s
             in_place = [p for p in seconds if p.endswith("_")]
             if in_place:
                 out_of_place = in_place[0][:-1]
@@ -132,6 +159,14 @@ def collectives(comm: MPI.Comm, sizes: list[int], rounds: int = 3,
                     seconds[in_place[0]] / seconds[out_of_place]
             rows.append(row)
     return rows
+
+
+def _first_call(call: Contender, comm: MPI.Comm) -> float:
+    """Seconds of one call, the slowest rank's, with the ranks started together."""
+    comm.Barrier()
+    start = time.perf_counter()
+    call()
+    return comm.allreduce(time.perf_counter() - start, MPI.MAX)
 
 
 def print_rows(rows: list[dict]) -> None:
@@ -142,5 +177,36 @@ def print_rows(rows: list[dict]) -> None:
         cells = "  ".join(f"{path} {v['seconds'] * 1e6:.1f} ({v['ratio_to_mpi']:.2f}x)"
                           for path, v in row["paths"].items())
         extra = row.get("in_place_over_out_of_place")
+        first = "  ".join(f"{path} {v:.1f}x" for path, v in row.get("first_over_later", {}).items())
         print(f"  {row['op']:26s} {row['bytes']:>9}  MPI {row['mpi_s'] * 1e6:9.1f}  {cells}"
-              + (f"  in/out {extra:.2f}" if extra is not None else ""))
+              + (f"  in/out {extra:.2f}" if extra is not None else "")
+              + (f"  first call/later: {first}" if first else ""))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The sweep alone, to sizes past the main bench's (up to 2 GiB)."""
+    parser = argparse.ArgumentParser(prog="python -m horovodish.bench.collectives")
+    parser.add_argument("--max-bytes", type=int, default=256 << 20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--record", metavar="FOLDER")
+    args = parser.parse_args(argv)
+    from .. import torch as hvd
+    hvd.init()
+    comm = MPI.COMM_WORLD.Dup()
+    sizes = [s for s in SWEEP_SIZES if s <= args.max_bytes]
+    rows = collectives(comm, sizes, args.rounds)
+    if comm.Get_rank() == 0:
+        print_rows(rows)
+        if args.record:
+            from . import records
+            command = (f"horovodishrun -np {comm.Get_size()} python -m horovodish.bench."
+                       f"collectives {' '.join(argv if argv is not None else sys.argv[1:])}")
+            figures = {"ranks": comm.Get_size(), "rounds": args.rounds, "rows": rows}
+            kind = f"collectives-{comm.Get_size()}-ranks"
+            print(f"record: {records.write(args.record, kind, figures, command.strip())}")
+    comm.Free()
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -341,8 +341,42 @@ def _negotiation(record: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _size(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def _collectives(record: dict[str, Any]) -> str:
+    f = record["figures"]
+    sizes = sorted({row["bytes"] for row in f["rows"]})
+    cells: dict[str, dict[int, str]] = {}
+    for row in f["rows"]:
+        for path, figures in row["paths"].items():
+            first = row.get("first_over_later", {}).get(path)
+            text = f"{figures['ratio_to_mpi']:.2f}"
+            if first is not None:
+                text += f" ({first:.1f}x)"
+            cells.setdefault(f"{row['op']}: {path}", {})[row["bytes"]] = text
+    first_mpi: dict[int, list[float]] = {}
+    for row in f["rows"]:
+        if "first_over_later" in row:
+            first_mpi.setdefault(row["bytes"], []).append(row["first_over_later"]["MPI"])
+    table = [[name, *(by_size.get(n, "-") for n in sizes)] for name, by_size in cells.items()]
+    table.append(["MPI's own first call over its later ones (median over ops)",
+                  *(f"({statistics.median(first_mpi[n]):.1f}x)" if n in first_mpi else "-"
+                    for n in sizes)])
+    return (_source(record) + f"\n{f['ranks']} ranks, float32, median of {f['rounds']} "
+            "alternating rounds. Each cell: MPI's call on numpy buffers (mpi4py, into a "
+            "preallocated buffer) over the path's time, above 1 faster; in brackets the "
+            "path's first call at that size (fresh tensor, fresh name) over its later "
+            "calls.\n\n" + _table(["op: path", *map(_size, sizes)], table))
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "negotiation": _negotiation,
+    "collectives-2-ranks": _collectives, "collectives-3-ranks": _collectives,
     "bench": _bench, "horovod-suites": _horovod_suites, "gpu": _gpu, "bench-jax": _bench_jax,
     "gpu-against-ddp": _against_ddp, "gpu-against-ddp-2-ranks": _against_ddp,
     "launchers": _launchers}

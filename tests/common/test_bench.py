@@ -58,9 +58,15 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
             < 1e-9
     others = figures["collectives"]
     assert {row["op"] for row in others} == {"broadcast", "grouped allreduce of 8",
-                                            "allgather", "reducescatter"}
+                                            "allgather", "reducescatter", "alltoall"}
     for row in others:
         assert row["bytes"] == 4 << 10 and row["mpi_s"] > 0
+        # Each path's first call at the size, and MPI's, timed apart.
+        assert set(row["first_call_s"]) == set(row["paths"]) | {"MPI"}
+        assert all(v > 0 for v in row["first_call_s"].values())
+        for path, values in row["paths"].items():
+            assert abs(row["first_over_later"][path]
+                       - row["first_call_s"][path] / values["seconds"]) < 1e-9
         for values in row["paths"].values():
             assert abs(values["ratio_to_mpi"] - row["mpi_s"] / values["seconds"]) < 1e-9
         assert sum(path.startswith("tf ") for path in row["paths"]) == 1, row["paths"]
