@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 
 class Completions:
@@ -108,3 +108,29 @@ class Handle:
         self._result = result
         self._error = error
         self._done = True
+
+
+def _wait(handle: Any) -> Any:
+    return handle.wait()
+
+
+def wait_all(handles: Iterable[Any], wait: Callable[[Any], Any] = _wait,
+             stop_on: tuple[type[BaseException], ...] = ()) -> list[Any]:
+    """Every handle's result, in order: each handle is waited for before the first error
+    is raised, so that no name is still in flight when the caller retries or moves on.
+    ``wait`` replaces ``handle.wait()`` (an adapter's interruptible wait, say); an
+    exception of a type in ``stop_on`` is raised at once (the caller is to stop
+    waiting)."""
+    results: list[Any] = []
+    error: Exception | None = None
+    for handle in handles:
+        try:
+            results.append(wait(handle))
+        except stop_on:
+            raise
+        except Exception as exc:  # noqa: BLE001 - raised once every handle is waited
+            results.append(None)
+            error = error or exc
+    if error is not None:
+        raise error
+    return results

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ..common.handles import Handle as _CoreHandle
+from ..common.handles import Handle as _CoreHandle, wait_all
 from .views import wait_for_device
 
 
@@ -19,13 +19,6 @@ class Handle:
         return all(h.done() for h in self._handles)
 
     def wait(self) -> Any:
-        results, error = [], None
-        for handle in self._handles:  # every one waited, so no name stays in flight
-            try:
-                results.append(handle.wait())
-            except Exception as exc:  # noqa: BLE001 (raised after the others)
-                error = error or exc
-        if error is not None:
-            raise error
+        results = wait_all(self._handles)  # every one waited: no name stays in flight
         wait_for_device(self._handles)  # results in device memory: JAX reads them next
         return self._finish(results)

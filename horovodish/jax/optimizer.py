@@ -20,44 +20,64 @@ import jax
 import jax.numpy as jnp
 
 from ..common.api.process_sets import ProcessSet, global_process_set
+from ..common.compression import CastCompressor, Compressor, Uncompressed
 from ..common.messages import ReduceOp
 from .trees import allreduce_tree
 
 _created = itertools.count()  # optimizers made in the same order on every rank
 
 
+class _LeafCast(CastCompressor):
+    """One leaf's cast (common/compression.py's mechanism on JAX's primitives)."""
+
+    @staticmethod
+    def is_floating(dtype: Any) -> bool:
+        return bool(jnp.issubdtype(dtype, jnp.floating))
+
+    @staticmethod
+    def cast(leaf: Any, dtype: Any) -> Any:
+        return leaf.astype(dtype)
+
+
+class _FP16Leaf(_LeafCast):
+    wire_dtype = jnp.float16
+
+
+class _BF16Leaf(_LeafCast):
+    wire_dtype = jnp.bfloat16
+
+
 class _Cast:
-    wire: Any = None
+    """The gradient pytree compressed leaf by leaf with ``leaf``'s cast."""
+
+    leaf: type[CastCompressor]  # each compressor names its leaf cast
 
     @classmethod
     def compress(cls, tree: Any) -> tuple[Any, Any]:
-        if cls.wire is None:
-            return tree, None
-        dtypes = jax.tree_util.tree_map(lambda leaf: leaf.dtype, tree)
-        return jax.tree_util.tree_map(
-            lambda leaf: leaf.astype(cls.wire) if jnp.issubdtype(leaf.dtype, jnp.floating)
-            else leaf, tree), dtypes
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        packed = [cls.leaf.compress(leaf) for leaf in leaves]
+        return treedef.unflatten([sent for sent, _ in packed]), [ctx for _, ctx in packed]
 
-    @staticmethod
-    def decompress(tree: Any, dtypes: Any) -> Any:
-        if dtypes is None:
-            return tree
-        return jax.tree_util.tree_map(lambda leaf, dtype: leaf.astype(dtype), tree, dtypes)
+    @classmethod
+    def decompress(cls, tree: Any, ctxs: Any) -> Any:
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        return treedef.unflatten([cls.leaf.decompress(leaf, ctx)
+                                  for leaf, ctx in zip(leaves, ctxs)])
 
 
 class Compression:
     """Horovod's compression classes for the gradient pytree."""
 
-    class none(_Cast):  # noqa: N801 (Horovod's name)
+    class none(Uncompressed):  # noqa: N801 (Horovod's name)
         """Send the gradients as they are."""
 
     class fp16(_Cast):  # noqa: N801
         """Half the bytes; float16's range."""
-        wire = jnp.float16
+        leaf = _FP16Leaf
 
     class bf16(_Cast):  # noqa: N801
         """Half the bytes; float32's range, 8 bits of mantissa."""
-        wire = jnp.bfloat16
+        leaf = _BF16Leaf
 
 
 class DistributedState(NamedTuple):
@@ -69,7 +89,7 @@ class DistributedState(NamedTuple):
 def DistributedOptimizer(optimizer: Any, op: ReduceOp = ReduceOp.AVERAGE,
                          gradient_predivide_factor: float = 1.0,
                          backward_passes_per_step: int = 1,
-                         compression: type = Compression.none,
+                         compression: Compressor = Compression.none,
                          process_set: ProcessSet = global_process_set,
                          name: str | None = None) -> Any:
     """Wrap an optax transformation so that its updates use gradients reduced over all

@@ -1,39 +1,32 @@
-"""Gradient compression: cast before the allreduce, cast back after (Horovod's API)."""
+"""Gradient compression: cast before the allreduce, cast back after (Horovod's API; the
+mechanism is common/compression.py's)."""
 from __future__ import annotations
 
 from typing import Any
 
 import tensorflow as tf
 
+from ..common.compression import CastCompressor, Uncompressed
 
-class Compressor:
+
+class Compressor(Uncompressed):
     """Identity; subclasses change what travels on the wire."""
-
-    @staticmethod
-    def compress(tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        return tensor
 
 
 class NoneCompressor(Compressor):
     """Send tensors as they are."""
 
 
-class _CastCompressor(Compressor):
+class _CastCompressor(CastCompressor, Compressor):
     wire_dtype: tf.DType = tf.float16
 
-    @classmethod
-    def compress(cls, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        if tensor.dtype.is_floating and tensor.dtype != cls.wire_dtype:
-            return tf.cast(tensor, cls.wire_dtype), tensor.dtype
-        return tensor, None
+    @staticmethod
+    def is_floating(dtype: tf.DType) -> bool:
+        return dtype.is_floating
 
     @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        return tensor if ctx is None else tf.cast(tensor, ctx)
+    def cast(tensor: tf.Tensor, dtype: Any) -> tf.Tensor:
+        return tf.cast(tensor, dtype)
 
 
 class FP16Compressor(_CastCompressor):

@@ -17,6 +17,7 @@ from typing import Any, Collection, Sequence
 import numpy as np
 import tensorflow as tf
 
+from ..common.compression import Compressor
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
 from . import errors
@@ -30,7 +31,7 @@ class GradientReduction:
     """How gradients are combined across ranks (Horovod's optimizer/tape arguments)."""
 
     op: ReduceOp = ReduceOp.AVERAGE
-    compression: Any = Compression.none
+    compression: Compressor = Compression.none
     sparse_as_dense: bool = False
     gradient_predivide_factor: float = 1.0
     groups: int | Sequence[Sequence[Any]] | None = None

@@ -5,6 +5,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from ..common.compression import Compressor
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
 from .compression import Compression
@@ -45,7 +46,7 @@ class _DistributedTapeMixin:
 
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
-                            device_sparse: str = "", compression: Any = Compression.none,
+                            device_sparse: str = "", compression: Compressor = Compression.none,
                             sparse_as_dense: bool = False, op: ReduceOp = ReduceOp.AVERAGE,
                             gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                             groups: Any = None,
@@ -98,7 +99,8 @@ def local_layer_variables(local_layers: Any) -> list[Any]:
 
 
 def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
-                                   device_sparse: str = "", compression: Any = Compression.none,
+                                   device_sparse: str = "",
+                                   compression: Compressor = Compression.none,
                                    sparse_as_dense: bool = False,
                                    op: ReduceOp = ReduceOp.AVERAGE,
                                    gradient_predivide_factor: float = 1.0, num_groups: int = 0,

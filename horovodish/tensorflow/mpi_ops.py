@@ -19,6 +19,7 @@ from ..common import messages as _reduce_ops
 from ..compat.horovod_paths.common_util import (gpu_available, get_average_backwards_compatibility_fun,  # noqa: F401
                            num_rank_is_power_2)  # (Horovod's module has them)
 from ..common import api
+from ..common.compression import Compressor
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
 from . import ops
@@ -158,7 +159,7 @@ def _refuse_sparse_scaling(prescale: float, postscale: float, name: str | None) 
 
 @public
 def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
-              device_sparse: str = "", compression: Any = Compression.none,
+              device_sparse: str = "", compression: Compressor = Compression.none,
               op: ReduceOp | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: str | None = None,
               process_set: ProcessSet = global_process_set,
@@ -185,7 +186,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
 @public
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
                       device_dense: str = "", device_sparse: str = "",
-                      compression: Any = Compression.none, op: ReduceOp | None = None,
+                      compression: Compressor = Compression.none, op: ReduceOp | None = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set,
                       name: str | None = None, ignore_name_scope: bool = False) -> list[Any]:
@@ -329,7 +330,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
 # -- reducescatter -------------------------------------------------------------------------
 @public
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
-                          compression: Any = Compression.none, op: ReduceOp = Average,
+                          compression: Compressor = Compression.none, op: ReduceOp = Average,
                           process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           name: str | None = None,
@@ -355,7 +356,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
 
 
 @public
-def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,
+def reducescatter(tensor: Any, device_dense: str = "", compression: Compressor = Compression.none,
                   op: ReduceOp = Average, name: str | None = None,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0, ignore_name_scope: bool = False) -> tf.Tensor:

@@ -26,7 +26,7 @@ from ..common.api import collectives as core
 from ..common.api.process_sets import ProcessSet
 from ..common.errors import RankMismatchError
 from ..common.messages import ReduceOp
-from ..common.handles import Handle
+from ..common.handles import Handle, wait_all as handles_wait_all
 from . import errors, interrupts
 from ..common.execution.buffers import ALIGN, OutputBlocks
 
@@ -57,21 +57,10 @@ def _require_xla_free(opname: str) -> None:
 
 
 def wait_all(handles: Sequence[Handle]) -> list[Any]:
-    """Wait for every handle before raising the first error, so that no name is still in
-    flight when the caller retries or moves on. (Every op here waits at once, so each
-    submits with ``waited``: the runtime thread arms no timer for it.)"""
-    results, error = [], None
-    for handle in handles:
-        try:
-            results.append(interrupts.wait(handle))
-        except interrupts.Interrupted:
-            raise  # the caller is to stop waiting at once
-        except Exception as exc:  # noqa: BLE001 - re-raised below
-            results.append(None)
-            error = error or exc
-    if error is not None:
-        raise error
-    return results
+    """Every handle waited for before the first error is raised (handles.wait_all),
+    each interruptibly. (Every op here waits at once, so each submits with ``waited``:
+    the runtime thread arms no timer for it.)"""
+    return handles_wait_all(handles, interrupts.wait, stop_on=(interrupts.Interrupted,))
 
 
 _OUTPUTS = OutputBlocks()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..common.compression import Compressor
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
 from .compression import Compression
@@ -15,7 +16,7 @@ from .compression import Compression
 
 def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: bool = False,
                          device_dense: str = "", device_sparse: str = "",
-                         compression: Any = Compression.none, sparse_as_dense: bool = False,
+                         compression: Compressor = Compression.none, sparse_as_dense: bool = False,
                          backward_passes_per_step: int = 1, op: ReduceOp = ReduceOp.AVERAGE,
                          gradient_predivide_factor: float = 1.0,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
@@ -47,7 +48,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
                              scale_local_gradients=scale_local_gradients)
 
 
-def _legacy(optimizer: Any, name: str | None, use_locking: bool, compression: Any,
+def _legacy(optimizer: Any, name: str | None, use_locking: bool, compression: Compressor,
             sparse_as_dense: bool, backward_passes_per_step: int,
             average_aggregated_gradients: bool, op: ReduceOp,
             gradient_predivide_factor: float, groups: Any, process_set: ProcessSet,

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..common.compression import Compressor
 from ..common.execution.backends.adasum import is_power_of_two
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet
@@ -23,7 +24,7 @@ from .tracked import check_tracked
 class _DistributedAdasumOptimizer:
     """Mixed in before the wrapped optimizer's class."""
 
-    def _hvd_adasum_setup(self, names: dict[torch.Tensor, str], compression: Any,
+    def _hvd_adasum_setup(self, names: dict[torch.Tensor, str], compression: Compressor,
                           process_set: ProcessSet) -> None:
         size = process_set.size()
         if not is_power_of_two(size):

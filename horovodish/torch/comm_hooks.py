@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence, Union
 import torch
 
 from ..common.api.process_sets import ProcessSet
+from ..common.compression import Compressor
 from ..common.messages import ReduceOp
 from . import mpi_ops
 from .compression import Compression
@@ -95,7 +96,7 @@ def allreduce_hook(process_set: Any, bucket: GradBucket) -> Finish:
     return lambda: mpi_ops.synchronize(handle)
 
 
-def _cast_hook(compression: Any) -> CommHook:
+def _cast_hook(compression: Compressor) -> CommHook:
     def hook(process_set: Any, bucket: GradBucket) -> Finish:
         compressed, ctx = compression.compress(bucket.buffer())
         handle = mpi_ops.allreduce_async(compressed, name=f"hook.{bucket.name}", op=bucket.op,

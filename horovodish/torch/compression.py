@@ -1,37 +1,32 @@
-"""Gradient compression: cast before the allreduce, cast back after (Horovod's API)."""
+"""Gradient compression: cast before the allreduce, cast back after (Horovod's API; the
+mechanism is common/compression.py's)."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
+from ..common.compression import CastCompressor, Uncompressed
 
-class Compressor:
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        return tensor, None
 
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor
+class Compressor(Uncompressed):
+    """Identity; subclasses change what travels on the wire."""
 
 
 class NoneCompressor(Compressor):
     """Send tensors as they are."""
 
 
-class _CastCompressor(Compressor):
+class _CastCompressor(CastCompressor, Compressor):
     wire_dtype: torch.dtype = torch.float16
 
-    @classmethod
-    def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        if tensor.dtype.is_floating_point and tensor.dtype != cls.wire_dtype:
-            return tensor.to(cls.wire_dtype), tensor.dtype
-        return tensor, None
+    @staticmethod
+    def is_floating(dtype: torch.dtype) -> bool:
+        return dtype.is_floating_point
 
     @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor if ctx is None else tensor.to(ctx)
+    def cast(tensor: torch.Tensor, dtype: Any) -> torch.Tensor:
+        return tensor.to(dtype)
 
 
 class FP16Compressor(_CastCompressor):

@@ -14,6 +14,7 @@ from ..common import messages as _reduce_ops
 from ..compat.horovod_paths.common_util import (gpu_available, get_average_backwards_compatibility_fun,  # noqa: F401
                            num_rank_is_power_2)  # (Horovod's module has them)
 from ..common.api.process_sets import ProcessSet, global_process_set
+from ..common.compression import Compressor
 from ..common.messages import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
 from ..common.messages import resolve_op as _resolve_op
 from . import autograd
@@ -28,7 +29,7 @@ from .compression import Compression
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-              compression: Any = Compression.none, op: ReduceOp | None = None,
+              compression: Compressor | None = Compression.none, op: ReduceOp | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce tensor across ranks; returns a new tensor (the input is untouched)."""
@@ -46,7 +47,7 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
-                      name: str | None = None, compression: Any = Compression.none,
+                      name: str | None = None, compression: Compressor | None = Compression.none,
                       op: ReduceOp | None = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:

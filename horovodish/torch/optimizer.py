@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from ..common.compression import Compressor
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
 from .comm_hooks import CommHook
@@ -68,7 +69,7 @@ class _DistributedOptimizer:
     """Mixed in before the wrapped optimizer's class; the gradient path is one
     ``Reducer`` (reducer.py), kept as ``_hvd_reducer``."""
 
-    def _hvd_setup(self, names: dict[torch.Tensor, str], compression: Any,
+    def _hvd_setup(self, names: dict[torch.Tensor, str], compression: Compressor,
                    backward_passes_per_step: int, op: ReduceOp, predivide: float,
                    groups: list[list[torch.Tensor]] | None, sparse_as_dense: bool,
                    process_set: ProcessSet, bucket_cap_mb: float,
@@ -186,7 +187,7 @@ class _DistributedOptimizer:
 
 def _adasum_optimizer(optimizer: torch.optim.Optimizer,
                       named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
-                      compression: Any, backward_passes_per_step: int,
+                      compression: Compressor, backward_passes_per_step: int,
                       process_set: ProcessSet) -> Any:
     from .adasum_optimizer import adasum_class
     if backward_passes_per_step != 1:
@@ -203,7 +204,7 @@ def _adasum_optimizer(optimizer: torch.optim.Optimizer,
 
 def _sharded_optimizer(optimizer: torch.optim.Optimizer,
                        named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
-                       compression: Any, backward_passes_per_step: int, op: ReduceOp,
+                       compression: Compressor, backward_passes_per_step: int, op: ReduceOp,
                        predivide: float, groups: Any, process_set: ProcessSet,
                        bucket_cap_mb: float, buffer_sync: Callable[[], None] | None,
                        stage: int) -> Any:
@@ -305,7 +306,7 @@ def _groups(params: list[torch.Tensor], groups: Any) -> list[list[torch.Tensor]]
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-                         compression: Any = Compression.none,
+                         compression: Compressor = Compression.none,
                          backward_passes_per_step: int = 1, op: ReduceOp = ReduceOp.AVERAGE,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: Any = None, sparse_as_dense: bool = False,

@@ -30,6 +30,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from ..common.api.process_sets import ProcessSet
+from ..common.compression import Compressor
 from ..common.messages import ReduceOp
 from . import mpi_ops
 from .buckets import GradientBuckets
@@ -73,7 +74,7 @@ class Reducer:
     by ``collective``; without it, buckets are learned and allreduced in place."""
 
     def __init__(self, params: Sequence[torch.Tensor], names: dict[torch.Tensor, str],
-                 compression: Any, op: ReduceOp, predivide: float, sparse_as_dense: bool,
+                 compression: Compressor, op: ReduceOp, predivide: float, sparse_as_dense: bool,
                  process_set: ProcessSet, bucket_cap_mb: float,
                  groups: list[list[torch.Tensor]] | None, as_view: bool,
                  passes: int, layout: Sequence[Sequence[torch.Tensor]] | None = None,

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from ..common.api.process_sets import ProcessSet
+from ..common.compression import Compressor
 from ..common.messages import ReduceOp
 from . import mpi_ops
 from .async_ops import allgather_into_async
@@ -94,7 +95,7 @@ class _ShardedOptimizer:
     """Mixed in before the wrapped optimizer's class (which only keeps the param groups
     the user sees); the shards' optimizers live in the buckets."""
 
-    def _zero_setup(self, names: dict[torch.Tensor, str], stage: int, compression: Any,
+    def _zero_setup(self, names: dict[torch.Tensor, str], stage: int, compression: Compressor,
                     backward_passes_per_step: int, op: ReduceOp, predivide: float,
                     process_set: ProcessSet, bucket_cap_mb: float,
                     buffer_sync: Callable[[], None] | None) -> None:
@@ -482,7 +483,7 @@ class _ShardReduction:
     the packed gradients reduce-scattered into this rank's shard, the gradients freed.
     Stage 1: the flat bucket allreduced in place (``param.grad`` stays its view)."""
 
-    def __init__(self, buckets: list[_Bucket], stage: int, compression: Any, op: ReduceOp,
+    def __init__(self, buckets: list[_Bucket], stage: int, compression: Compressor, op: ReduceOp,
                  scale: tuple[float, float], process_set: ProcessSet) -> None:
         self.buckets, self.stage, self.compression = buckets, stage, compression
         self.op, self.scale, self.process_set = op, scale, process_set

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from horovodish.common.handles import Completions, Handle
+from horovodish.common.handles import Completions, Handle, wait_all
 
 
 def test_wait_returns_the_result_finished_by_another_thread():
@@ -140,3 +140,42 @@ def test_a_ctrl_c_during_a_wait_leaves_no_waiter_behind():
     threading.Timer(0.05, lambda: (handle.finish("late"), completions.notify())).start()
     assert handle.wait(timeout=10) == "late"
     assert completions.waiters == 0
+
+
+def test_wait_all_waits_for_every_handle_then_raises_the_first_error():
+    completions = Completions()
+    handles = [Handle(name, completions) for name in ("a", "b", "c", "d")]
+    handles[0].finish(0)
+    handles[1].finish(error=ValueError("b failed"))
+    handles[2].finish(error=KeyError("c failed"))
+    handles[3].finish(3)
+    waited = []
+
+    def wait(handle: Handle) -> object:
+        waited.append(handle.name)
+        return handle.wait()
+
+    with pytest.raises(ValueError, match="b failed"):
+        wait_all(handles, wait)
+    assert waited == ["a", "b", "c", "d"]
+    assert wait_all([handles[0], handles[3]]) == [0, 3]
+
+
+def test_wait_all_stops_at_once_on_an_exception_it_is_told_to_pass():
+    class Stop(RuntimeError):
+        pass
+
+    completions = Completions()
+    handles = [Handle(name, completions) for name in ("a", "b", "c")]
+    handles[0].finish(error=ValueError("a failed"))
+    waited = []
+
+    def wait(handle: Handle) -> object:
+        waited.append(handle.name)
+        if handle.name == "b":
+            raise Stop("interrupted")
+        return handle.wait()
+
+    with pytest.raises(Stop):
+        wait_all(handles, wait, stop_on=(Stop,))
+    assert waited == ["a", "b"]

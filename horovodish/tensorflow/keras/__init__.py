@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from ...common import api as _api
 from ...common.api import *  # noqa: F401,F403  (the names every adapter shares)
+from ...common.compression import Compressor
 from ...common.messages import ReduceOp
 from .. import mpi_ops as _ops
 from ..compression import Compression
@@ -34,7 +35,7 @@ from .optimizer import (DistributedOptimizer, PartialDistributedOptimizer, confi
 
 def allreduce(value: Any, name: str | None = None, average: bool | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              op: ReduceOp | None = None, compression: Any = Compression.none) -> Any:
+              op: ReduceOp | None = None, compression: Compressor = Compression.none) -> Any:
     """Horovod's Keras argument order; see horovodish.tensorflow.allreduce."""
     return _ops.allreduce(value, average=average, compression=compression, op=op,
                           prescale_factor=prescale_factor, postscale_factor=postscale_factor,
@@ -69,7 +70,7 @@ def broadcast_global_variables(root_rank: int, model: keras.Model | None = None)
 
 def load_model(filepath: str, custom_optimizers: Sequence[type] | None = None,
                custom_objects: dict[str, Any] | None = None,
-               compression: Any = Compression.none) -> keras.Model:
+               compression: Compressor = Compression.none) -> keras.Model:
     """keras.models.load_model, with the saved optimizer (and its state) re-wrapped as a
     DistributedOptimizer. A model saved from a DistributedOptimizer names the wrapped
     class, so plain Keras loads it too (without the reduction)."""

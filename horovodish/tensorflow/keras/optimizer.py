@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from ...common.compression import Compressor
 from ...common.messages import ReduceOp
 from ...common.api.process_sets import ProcessSet, global_process_set
 from ..compression import Compression
@@ -218,7 +219,7 @@ def configure(optimizer: Any, reduction: GradientReduction, backward_passes_per_
 
 
 def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
-                         device_sparse: str = "", compression: Any = Compression.none,
+                         device_sparse: str = "", compression: Compressor = Compression.none,
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                          op: ReduceOp = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, groups: Any = None,
@@ -287,7 +288,7 @@ def _require_optimizer(optimizer: Any) -> None:
 
 
 def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
-                                device_sparse: str = "", compression: Any = Compression.none,
+                                device_sparse: str = "", compression: Compressor = Compression.none,
                                 sparse_as_dense: bool = False,
                                 gradient_predivide_factor: float = 1.0,
                                 op: ReduceOp = ReduceOp.AVERAGE,
