@@ -342,8 +342,10 @@ class Executor:
         out = entry.allocate((sum(received),) + row_shape)
         backend = self._backend(RequestType.ALLTOALL, response, entry.tensor.nbytes)
         self._phase(f"{backend.name.upper()}_ALLTOALL")
+        first = splits[0][0] if splits and splits[0] else 0
+        uniform = all(count == first for sends in splits for count in sends)
         backend.alltoallv(entry.tensor.reshape(-1), [s * row for s in splits[self.rank]],
-                          out.reshape(-1), [s * row for s in received])
+                          out.reshape(-1), [s * row for s in received], uniform=uniform)
         return out, np.asarray(received, dtype=np.int32)
 
     def _reducescatter(self, response: Response, entry: Entry) -> np.ndarray:

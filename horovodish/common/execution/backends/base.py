@@ -71,7 +71,9 @@ class Backend(ABC):
         raise NotImplementedError
 
     def alltoallv(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
-                  recv_counts: list[int]) -> None:
+                  recv_counts: list[int], uniform: bool = False) -> None:
+        """uniform: every rank sends every rank the same count (decided from the whole
+        splits matrix, so every rank says the same)."""
         raise NotImplementedError
 
     def run_one(self, kind: RequestType, response: Response, entry: Entry | None,
