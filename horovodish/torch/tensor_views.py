@@ -68,7 +68,8 @@ def host_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     made (buffers.py says why: MPI receiving into fresh pages costs far more than the
     copy), so a call in a loop neither allocates nor faults; smaller ones from torch."""
     numpy_dtype = _NUMPY_OF.get(dtype)
-    if numpy_dtype is None or math.prod(shape) * dtype.itemsize < PREFAULT_BYTES:
+    if numpy_dtype is None or \
+            math.prod(shape) * np.dtype(numpy_dtype).itemsize < PREFAULT_BYTES:
         return torch.empty(shape, dtype=dtype)
     return from_numpy(_OUTPUTS.one(shape, np.dtype(numpy_dtype)))
 
