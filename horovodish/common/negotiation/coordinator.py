@@ -21,7 +21,7 @@ import numpy as np
 from ..messages import ReduceOp, Request, RequestType, Response
 from ..stall import StallInspector
 from ..timeline import Timeline
-from .request_records import GatheredRecords, RecordGroup, encode, varying_width
+from .request_records import GatheredRecords, RecordGroup, varying_width
 
 JOIN_NAME = "join"
 _JOIN = RequestType.JOIN
@@ -129,14 +129,6 @@ class Coordinator:
         joined = [self._add_group(group, timeline) for group in gathered.groups()]
         if max(joined, default=-1) >= 0:
             self._last_joined = max(joined)
-
-    def add(self, rank: int, requests: Sequence[Request], timeline: Timeline | None = None
-            ) -> None:
-        """One rank's requests alone, as a group of one."""
-        (group,) = GatheredRecords.of([encode(requests)]).groups()
-        group.ranks = np.array([rank], dtype=np.int64)
-        if self._add_group(group, timeline) >= 0:
-            self._last_joined = rank
 
     def _add_group(self, group: RecordGroup, timeline: Timeline | None) -> int:
         """Adds a group's requests; the group's highest rank if it joined, else -1."""
