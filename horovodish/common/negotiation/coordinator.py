@@ -87,6 +87,11 @@ class _Pending:
     count: int = 0  # ranks that submitted it
 
 
+def _submitted(pending: _Pending) -> set[int]:
+    """The ranks that submitted a name."""
+    return set(np.concatenate([share.ranks for share in pending.shares]).tolist())
+
+
 class _WaitingRanks(Mapping[str, set[int]]):
     """name -> the ranks that submitted it, built only for the names asked about (the
     stall inspector asks about the old ones)."""
@@ -95,7 +100,7 @@ class _WaitingRanks(Mapping[str, set[int]]):
         self._table = table
 
     def __getitem__(self, name: str) -> set[int]:
-        return set(np.concatenate([share.ranks for share in self._table[name].shares]).tolist())
+        return _submitted(self._table[name])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._table)
@@ -178,8 +183,7 @@ class Coordinator:
         return responses
 
     def _ready_with_joined(self, pending: _Pending) -> bool:
-        submitted = set(np.concatenate([share.ranks for share in pending.shares]).tolist())
-        return len(submitted | self._joined) == self.size
+        return len(_submitted(pending) | self._joined) == self.size
 
     def check_stall(self) -> bool:
         if self.stall is None or not self._table:  # (every cycle on rank 0: keep it cheap)
