@@ -14,15 +14,15 @@ import torch
 from horovodish.launcher.envvars import rank_defaults
 from huge_pages import thp_mode
 
-# Prints the huge-page kB backing a 16 MiB tensor allocated after the import, then the
-# switch as the process sees it.
+# Prints the kB of a 16 MiB tensor the kernel may back with huge pages, allocated after
+# the import, then the switch as the process sees it.
 PROBE = """
 import os
 import horovodish.torch
 import torch
-from huge_pages import huge_page_kib
+from huge_pages import eligible_kib
 tensor = torch.ones(4 << 20)
-print(huge_page_kib(tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * 4),
+print(eligible_kib(tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * 4),
       os.environ.get("THP_MEM_ALLOC_ENABLE"))
 """
 
@@ -43,10 +43,10 @@ OLD_TORCH = tuple(int(n) for n in torch.__version__.split(".")[:2]) < (2, 1)
                                       "(it arrived in torch 2.1)")
 def test_large_tensors_get_huge_pages_unless_the_caller_says_no():
     huge, switch = _probe()
-    assert switch == "1" and huge >= 2048, f"{huge} kB of huge pages with the switch {switch}"
+    assert switch == "1" and huge >= 2048, f"{huge} kB may get huge pages with the switch {switch}"
     if thp_mode() == "madvise":  # "always" gives huge pages whatever the switch says
         huge, switch = _probe(THP_MEM_ALLOC_ENABLE="0")
-        assert switch == "0" and huge == 0, f"{huge} kB of huge pages with the switch off"
+        assert switch == "0" and huge == 0, f"{huge} kB may get huge pages with the switch off"
 
 
 def test_the_launcher_gives_the_ranks_the_switch_unless_set():
