@@ -76,3 +76,47 @@ def cache_misses(rank: int, size: int) -> dict[str, Any]:
         name: int(np.sum(counts[1:])) for name, counts in figures.items()
         if isinstance(counts, list)}
     return figures
+
+
+def miss_cost(comm: Any, calls: int = 40, rounds: int = 5) -> dict[str, float]:
+    """What one cache miss costs a real job (collective: every rank): a synchronous
+    4-byte ``hvd.allreduce`` under a new name each call (each one a slow-path cycle),
+    against the same call under one name (a cache hit) and ``MPI_Allreduce`` of the
+    same 4 bytes, in alternating rounds; the median per call of each, in us."""
+    import time
+
+    import torch
+
+    from .. import torch as hvd
+
+    tensor = torch.ones(1)
+    raw_in, raw_out = np.ones(1, np.float32), np.empty(1, np.float32)
+    slow = _slow_cycles()
+
+    def uncached(round_: int) -> None:
+        for call in range(calls):
+            hvd.allreduce(tensor, name=f"bench.miss.{round_}.{call}")
+
+    def cached(round_: int) -> None:
+        for _ in range(calls):
+            hvd.allreduce(tensor, name="bench.miss.cached")
+
+    def raw(round_: int) -> None:
+        for _ in range(calls):
+            comm.Allreduce(raw_in, raw_out)
+
+    cached(-1)  # the cached name's own first (slow) cycle, not timed
+    timings: dict[str, list[float]] = {"uncached": [], "cached": [], "mpi": []}
+    misses = 0
+    for round_ in range(rounds):
+        for name, run in (("uncached", uncached), ("cached", cached), ("mpi", raw)):
+            comm.Barrier()
+            before = slow()
+            start = time.perf_counter()
+            run(round_)
+            timings[name].append((time.perf_counter() - start) / calls * 1e6)
+            if name == "uncached":
+                misses += slow() - before
+    figures = {f"{name}_us": float(np.median(values)) for name, values in timings.items()}
+    figures["slow_cycles_per_uncached_call"] = misses / (rounds * calls)
+    return figures

@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> None:
         figures["many_tensors"] = many_tensor_step(comm, rounds=args.rounds + 2)
         figures["per_call"] = _per_call(comm, args)
     if "torch allreduce" in paths:
-        from .cache_misses import cache_misses
+        from .cache_misses import cache_misses, miss_cost
         figures["cache_misses"] = cache_misses(comm.Get_rank(), comm.Get_size())
+        figures["cache_misses"]["miss_cost"] = miss_cost(comm, rounds=max(3, args.rounds))
     if not args.no_training and "jax" in frameworks:
         from . import jax_training
         if comm.allreduce(jax_training.available(), op=MPI.LAND):

@@ -93,6 +93,12 @@ def _bench(record: dict[str, Any]) -> str:
         out.append(_table(["optimizer", "plain ms", "DDP ms", "horovodish ms",
                            "DDP adds µs/tensor", "horovodish adds µs/tensor",
                            "horovodish's added / DDP's"], rows))
+    cost = (f.get("cache_misses") or {}).get("miss_cost")
+    if cost:
+        out.append(f"\nA cache miss: a synchronous 4-byte allreduce under a new name each "
+                   f"call takes {cost['uncached_us']:.0f} µs (a slow-path cycle each), under "
+                   f"one name {cost['cached_us']:.0f} µs; `MPI_Allreduce` "
+                   f"{cost['mpi_us']:.0f} µs.\n")
     idle = f.get("idle")
     if idle:
         out.append(f"\nIdle runtime: {idle['runtime_thread_cpu_percent']:.2f}% of a core; a "
@@ -327,8 +333,9 @@ def _negotiation(record: dict[str, Any]) -> str:
            f"(α = {f['alpha_us']:g} µs, {f['link_gbit_s']:g} Gbit/s links; see the model "
            "above). Steady is the fast path (every tensor a cache hit); one miss is one "
            "tensor whose shape changed, beside cache hits.\n"]
-    for tensors in sorted({row["tensors"] for row in f["rows"]}):
-        rows = [row for row in f["rows"] if row["tensors"] == tensors]
+    eager = [row for row in f["rows"] if "model_without_ms" in row]
+    for tensors in sorted({row["tensors"] for row in f["rows"] if row not in eager}):
+        rows = [row for row in f["rows"] if row["tensors"] == tensors and row not in eager]
         sizes = sorted({row["ranks"] for row in rows})
         table = []
         for scenario in dict.fromkeys(row["scenario"] for row in rows):
@@ -338,6 +345,17 @@ def _negotiation(record: dict[str, Any]) -> str:
                 if n in cells else "-" for n in sizes])
         out.append(f"\n{tensors} tensors:\n\n")
         out.append(_table(["cycle", *(f"{n:,} ranks" for n in sizes)], table))
+    if eager:
+        out.append(f"\n{eager[0]['scenario'].capitalize()} (the fast path with them "
+                   "packed beside the bit vector, gathered and reduced at every rank): "
+                   "rank 0's work, the exchange as modelled, the bit vector's allreduce "
+                   "plus the scalars' own as modelled, and whether the default limit "
+                   "across hosts lets them ride:\n\n")
+        out.append(_table(
+            ["ranks", "work ms", "gathered MB", "exchange ms", "without ms", "rides"],
+            [[f"{row['ranks']:,}", f"{row['work_ms']:.2f}", f"{row['gathered_mb']:.2f}",
+              f"{row['model_network_ms']:.2f}", f"{row['model_without_ms']:.2f}",
+              "yes" if row["rides_by_default"] else "no"] for row in eager]))
     return "".join(out)
 
 

@@ -81,6 +81,11 @@ def print_report(size: int, figures: dict) -> None:
         print(f"\nslow-path cycles in each of {misses['steps']} steps (bench/cache_misses.py):")
         for name in misses["total_after_first_step"]:
             print(f"  {name.replace('_', ' '):34s} {misses[name]}")
+        cost = misses.get("miss_cost")
+        if cost:
+            print(f"  one 4-byte synchronous allreduce: {cost['uncached_us']:.0f} us under a "
+                  f"new name each call (a cache miss), {cost['cached_us']:.0f} us cached, "
+                  f"MPI_Allreduce {cost['mpi_us']:.0f} us (median per call)")
     if figures.get("negotiation"):
         print("\nnegotiation, simulated ranks (bench/negotiation.py): rank 0's Python work "
               "per cycle, ms (modelled network ms)")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import torch
 
 from ..common.api.collectives import cuda_device
+from ..common.dtypes import bfloat16
 from ..common.execution.buffers import PREFAULT_BYTES, OutputBlocks
 from ..common.execution.cuda import DEVICE_CUDA, DeviceArray
 from ..common.execution.cuda_streams import DeviceEvent, record_ready, stream_waits
@@ -44,22 +44,18 @@ def as_numpy(tensor: torch.Tensor) -> np.ndarray:
     if tensor.requires_grad:
         tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return tensor.view(torch.int16).numpy().view(bfloat16())
     return tensor.numpy()
 
 
 def from_numpy(array: np.ndarray) -> torch.Tensor:
     """A CPU tensor sharing memory with a numpy array (the inverse of as_numpy)."""
-    if array.dtype == ml_dtypes.bfloat16:
+    if array.dtype.kind == "V" and array.dtype == bfloat16():  # numpy has no bfloat16
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
 
 
 _OUTPUTS = OutputBlocks()
-_NUMPY_OF = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
-             torch.bfloat16: ml_dtypes.bfloat16, torch.int8: np.int8, torch.uint8: np.uint8,
-             torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
-             torch.bool: np.bool_}
 
 
 def host_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -67,11 +63,10 @@ def host_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     from blocks reused once no tensor made from them is alive, their pages written when
     made (buffers.py says why: MPI receiving into fresh pages costs far more than the
     copy), so a call in a loop neither allocates nor faults; smaller ones from torch."""
-    numpy_dtype = _NUMPY_OF.get(dtype)
-    if numpy_dtype is None or \
-            math.prod(shape) * np.dtype(numpy_dtype).itemsize < PREFAULT_BYTES:
+    numpy_dtype = numpy_dtype_of(dtype)
+    if numpy_dtype is None or math.prod(shape) * numpy_dtype.itemsize < PREFAULT_BYTES:
         return torch.empty(shape, dtype=dtype)
-    return from_numpy(_OUTPUTS.one(shape, np.dtype(numpy_dtype)))
+    return from_numpy(_OUTPUTS.one(shape, numpy_dtype))
 
 
 def device_class(tensor: torch.Tensor) -> str:
@@ -96,15 +91,23 @@ def on_device(tensors: list[torch.Tensor], kind: RequestType,
 _NUMPY_TYPES = {torch.uint8: np.dtype(np.uint8), torch.int8: np.dtype(np.int8),
                 torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32),
                 torch.int64: np.dtype(np.int64), torch.float16: np.dtype(np.float16),
-                torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
                 torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
                 torch.bool: np.dtype(np.bool_)}
+
+
+def numpy_dtype_of(dtype: torch.dtype) -> np.dtype | None:
+    """The numpy dtype of a torch dtype the runtime moves (bfloat16 as ml_dtypes',
+    loaded on first use), or None."""
+    found = _NUMPY_TYPES.get(dtype)
+    if found is None and dtype == torch.bfloat16:
+        return bfloat16()
+    return found
 
 
 def as_cuda_view(tensor: torch.Tensor) -> DeviceArray:
     """The core's view of a contiguous CUDA tensor's memory (it keeps the tensor)."""
     return DeviceArray(tensor.data_ptr(), tensor.get_device(), tuple(tensor.shape),
-                       _NUMPY_TYPES[tensor.dtype], tensor)
+                       numpy_dtype_of(tensor.dtype), tensor)
 
 
 def _import_block(block: Any) -> torch.Tensor:

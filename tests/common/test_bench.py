@@ -111,10 +111,16 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     assert cycles[(128, "first step")]["slow_path"] and not cycles[(128, "steady")]["slow_path"]
     assert all(row["work_ms"] > 0 for row in cycles.values())
     assert cycles[(128, "first step")]["gathered_mb"] > cycles[(2, "first step")]["gathered_mb"]
+    eager = cycles[(128, "steady, 4 scalars ride along")]  # the fast path with scalars
+    assert not eager["slow_path"] and eager["rides_by_default"]
+    assert eager["model_network_ms"] < eager["model_without_ms"]
     misses = figures["cache_misses"]  # slow-path cycles per step of real workloads
     assert misses["distributed_optimizer"][0] >= 1  # the first step negotiates
     assert misses["total_after_first_step"]["allgather_first_dims_change"] == 0
     assert misses["total_after_first_step"]["alltoall_splits_change"] == 0
+    cost = misses["miss_cost"]  # a real cache miss's price, beside a hit and raw MPI
+    assert cost["slow_cycles_per_uncached_call"] >= 1
+    assert cost["uncached_us"] > cost["cached_us"] > 0 and cost["mpi_us"] > 0
     idle = figures["idle"]
     share = idle["runtime_thread_cpu_percent"]
     assert idle["rounds"] == 3 and (share != share or 0 < share < 100)  # nan: no schedstat

@@ -13,7 +13,14 @@ CHECKS = ["allreduce_out_and_in_place", "broadcast_in_place", "allgather_past_tw
           "reducescatter_past_two_gib", "alltoall_past_two_gib"]
 
 
+# What each backend carries itself (its enabled()); the rest of its job goes to MPI's
+# backend, which the first case checks in full.
+CARRIED = {"mpi": CHECKS, "ring": ["allreduce_out_and_in_place", "reducescatter_past_two_gib"],
+           "shm": ["allreduce_out_and_in_place"]}
+
+
 @pytest.mark.parametrize("operations", ["mpi", "ring", "shm"])
 def test_every_collective_past_two_to_the_31(operations):
     env = {"HOROVODISH_CPU_OPERATIONS": operations}
-    assert_ranks_ok(run_ranks(WORKER, 2, env=env, timeout=600), 2, CHECKS)
+    checks = CARRIED[operations]
+    assert_ranks_ok(run_ranks(WORKER, 2, args=checks, env=env, timeout=600), 2, checks)

@@ -205,3 +205,21 @@ def test_allgather_first_dims_that_change_every_step_need_no_slow_cycle():
     changed = world.cycle({r: [ag("batch", 1, dtype="float64" if r == 1 else "float32")]
                            for r in range(size)})
     assert changed[0].negotiated_slow and "dtype" in changed[0].responses[0].error
+
+
+@pytest.mark.parametrize("size", [2, 1024, 4096])
+def test_scalars_that_ride_along_are_summed_over_every_simulated_rank(size):
+    """The fast path with four scalars riding on the bit vectors (bench/negotiation.py's
+    eager row): rank 0's real controller and executor reduce the gathered rows of size
+    ranks, rank r sending r + 1 + i for metric i; the sums are checked against the
+    closed form, and the default limit across hosts lets them ride exactly where their
+    region's bytes times the other ranks fit under it."""
+    from horovodish.bench.negotiation import eager_scalars
+    from horovodish.common.negotiation.eager_plan import CROSS_HOST_EAGER_LIMIT
+    row = eager_scalars(size, repeats=2)
+    for i in range(4):
+        got = float(row["result"][f"metric{i}"])
+        expected = sum(rank + 1 + i for rank in range(size))
+        assert got == expected, f"metric{i} over {size} ranks: {got}, not {expected}"
+    assert not row["slow_path"] and row["work_ms"] > 0
+    assert row["rides_by_default"] == (16 * (size - 1) <= CROSS_HOST_EAGER_LIMIT)

@@ -5,9 +5,9 @@ rounds exactly alike, and alike with Horovod (tests/common/test_scaling.py).
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
+from ..dtypes import HALF_PRECISION, bfloat16
 from ..messages import ReduceOp
 
 REDUCE_UFUNC = {
@@ -47,7 +47,7 @@ def divide_toward_zero(buf: np.ndarray, divisor: int) -> None:
 # truncated toward zero by the cast back (a float64 product, then C's conversion).
 # (dtypes, not names: an array's dtype.name costs about 2 us, the call's own multiply
 # of a small tensor about 1.)
-_WIDEN_TO_FLOAT32 = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+_WIDEN_TO_FLOAT32 = HALF_PRECISION  # float16, and bfloat16 once dtypes.py has loaded it
 
 
 # Packing many small tensors, scaling the packed buffer in one pass beats one scaled
@@ -64,7 +64,8 @@ def scale_once(nbytes: int, tensors: int) -> bool:
 
 def scale_into(out: np.ndarray, source: np.ndarray, factor: float) -> None:
     """out = source * factor with Horovod's arithmetic per dtype (out may be source)."""
-    if source.dtype in _WIDEN_TO_FLOAT32:
+    dtype = source.dtype
+    if dtype in _WIDEN_TO_FLOAT32 or (dtype.kind == "V" and dtype == bfloat16()):
         np.multiply(source, np.float32(factor), out=out, dtype=np.float32, casting="unsafe")
     else:
         np.multiply(source, factor, out=out, casting="unsafe")

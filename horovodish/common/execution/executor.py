@@ -200,7 +200,9 @@ class Executor:
         views = self._eager_views(plan)
         group = views.groups[index]
         try:
-            results = reduce_gathered(group, views.parts(rows)[index], mine, self.workspace)
+            stacked = views.stacked(rows)
+            parts = views.parts(rows)[index] if stacked is None else stacked[index]
+            results = reduce_gathered(group, parts, mine, self.workspace)
         except Exception as exc:
             _fail(mine, HorovodInternalError(
                 f"allreduce of {', '.join(repr(r.name) for r in group.responses)} "
