@@ -108,8 +108,12 @@ def elastic_executor(args: argparse.Namespace) -> dict:
     results = ex.run(jobs.gpu_slot_training)
     problems = []
     devices = [device for device, _, _ in results]
-    if len(results) != 2 or devices != ["0,1", "0,1"]:
-        problems.append(f"workers' CUDA_VISIBLE_DEVICES {devices}, want both GPUs on each")
+    # Both GPUs on each worker, listed alike on both (each picks its own by local rank);
+    # in the order Ray gave them to the workers, which varies from run to run.
+    if len(results) != 2 or len(set(devices)) != 1 or \
+            sorted((devices[0] or "").split(",")) != ["0", "1"]:
+        problems.append(f"workers' CUDA_VISIBLE_DEVICES {devices}, want both GPUs on each, "
+                        "listed alike")
     alike = [style for _, style, _ in results]
     if alike != [(r, 2, [3.0, 3.0]) for r in range(2)]:
         problems.append(f"collectives {alike}")
