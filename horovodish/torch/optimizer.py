@@ -79,9 +79,11 @@ class _DistributedOptimizer:
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         self._hvd_compression = compression
         self._hvd_buffer_sync = buffer_sync
-        self._hvd_reducer = Reducer(params, names, compression, op, predivide,
-                                    sparse_as_dense, process_set, bucket_cap_mb, groups,
-                                    gradient_as_bucket_view, backward_passes_per_step)
+        self._hvd_reducer = Reducer(
+            params, names, compression=compression, op=op, process_set=process_set,
+            passes=backward_passes_per_step, predivide=predivide,
+            sparse_as_dense=sparse_as_dense, bucket_cap_mb=bucket_cap_mb, groups=groups,
+            as_view=gradient_as_bucket_view)
         self._hvd_untracked = UntrackedGradients(self, set(params), names)
         self._hvd_should_sync = True
         self._hvd_synchronized = False

@@ -71,13 +71,15 @@ class BucketCollective(Protocol):
 
 class Reducer:
     """``layout`` (the sharded optimizer's): fixed buckets, flat from the first step, sent
-    by ``collective``; without it, buckets are learned and allreduced in place."""
+    by ``collective``; without it, buckets are learned and allreduced in place. Everything
+    but the parameters and their names is a keyword: the replicated and the sharded
+    optimizer configure it differently, and a keyword says which setting is which."""
 
-    def __init__(self, params: Sequence[torch.Tensor], names: dict[torch.Tensor, str],
-                 compression: Compressor, op: ReduceOp, predivide: float, sparse_as_dense: bool,
-                 process_set: ProcessSet, bucket_cap_mb: float,
-                 groups: list[list[torch.Tensor]] | None, as_view: bool,
-                 passes: int, layout: Sequence[Sequence[torch.Tensor]] | None = None,
+    def __init__(self, params: Sequence[torch.Tensor], names: dict[torch.Tensor, str], *,
+                 compression: Compressor, op: ReduceOp, process_set: ProcessSet,
+                 passes: int = 1, predivide: float = 1.0, sparse_as_dense: bool = False,
+                 bucket_cap_mb: float = 0.0, groups: list[list[torch.Tensor]] | None = None,
+                 as_view: bool = True, layout: Sequence[Sequence[torch.Tensor]] | None = None,
                  collective: BucketCollective | None = None, packed: bool = False) -> None:
         self.params = list(params)
         self.names = names

@@ -125,8 +125,9 @@ class _ShardedOptimizer:
         self._zero_defer = False
         params = list(self._zero_bucket_of)
         self._zero_reducer = Reducer(
-            params, names, compression, op, predivide, False, process_set, 0.0, None, True,
-            backward_passes_per_step, layout=[b.params for b in self._zero_buckets],
+            params, names, compression=compression, op=op, process_set=process_set,
+            passes=backward_passes_per_step, predivide=predivide,
+            layout=[b.params for b in self._zero_buckets],
             collective=_ShardReduction(self._zero_buckets, stage, compression, op,
                                        self._zero_scale, process_set),
             packed=stage == 2)
