@@ -52,7 +52,7 @@ _NOT_ELEMENTWISE = {"LBFGS", "SparseAdam", "Adafactor", "Muon"}
 _NOT_HYPERPARAMETERS = ("params", "param_names")
 
 
-class _Bucket:
+class _ShardedGroup:
     """Parameters of one param group and dtype, stored in one flat tensor; this rank's
     shard of it, and the optimizer that steps the shard."""
 
@@ -121,7 +121,7 @@ class _ShardedOptimizer:
             p for group in self.param_groups for p in group["params"])}
         self._zero_buckets = self._zero_build(bucket_cap_mb * 2 ** 20)
         self._zero_bucket_of = {p: b for b in self._zero_buckets for p in b.params}
-        self._zero_gathering: dict[_Bucket, int] = {}  # deferred allgathers
+        self._zero_gathering: dict[_ShardedGroup, int] = {}  # deferred allgathers
         self._zero_defer = False
         params = list(self._zero_bucket_of)
         self._zero_reducer = Reducer(
@@ -137,9 +137,9 @@ class _ShardedOptimizer:
             self.state.clear()
             self._zero_load_consolidated(old_state)
 
-    def _zero_build(self, cap_bytes: float) -> list[_Bucket]:
+    def _zero_build(self, cap_bytes: float) -> list[_ShardedGroup]:
         rank, size = self._zero_process_set.rank(), self._zero_process_set.size()
-        buckets: list[_Bucket] = []
+        buckets: list[_ShardedGroup] = []
         for group_index, group in enumerate(self.param_groups):
             runs: list[list[torch.Tensor]] = []
             nbytes = 0.0
@@ -152,14 +152,14 @@ class _ShardedOptimizer:
                     runs.append([param])
                     nbytes = size_bytes
             for params in runs:
-                bucket = _Bucket(len(buckets), group_index, params,
+                bucket = _ShardedGroup(len(buckets), group_index, params,
                                  [self._parameter_names[p] for p in params], rank, size)
                 if bucket.count:
                     bucket.optimizer = self._zero_shard_optimizer(bucket)
                 buckets.append(bucket)
         return buckets
 
-    def _zero_shard_optimizer(self, bucket: _Bucket) -> torch.optim.Optimizer:
+    def _zero_shard_optimizer(self, bucket: _ShardedGroup) -> torch.optim.Optimizer:
         cls = self._zero_base
         group = {k: v for k, v in self.param_groups[bucket.group].items()
                  if k not in _NOT_HYPERPARAMETERS}
@@ -261,7 +261,7 @@ class _ShardedOptimizer:
             buckets = {self._zero_bucket_of[p] for p in module.parameters(recurse=False)
                        if p in self._zero_bucket_of}
             if buckets:
-                def hook(module: Any, args: Any, buckets: set[_Bucket] = buckets) -> None:
+                def hook(module: Any, args: Any, buckets: set[_ShardedGroup] = buckets) -> None:
                     optimizer = me()
                     if optimizer is not None:
                         optimizer._zero_wait(buckets)
@@ -409,7 +409,7 @@ class _ShardedOptimizer:
         for mine, loaded in zip(self.param_groups, groups):
             mine.update({k: v for k, v in loaded.items() if k not in _NOT_HYPERPARAMETERS})
 
-    def _zero_load_shard(self, bucket: _Bucket, entries: dict[str, Any]) -> None:
+    def _zero_load_shard(self, bucket: _ShardedGroup, entries: dict[str, Any]) -> None:
         inner = bucket.optimizer
         group = dict(inner.param_groups[0], **{
             k: v for k, v in self.param_groups[bucket.group].items()
@@ -450,7 +450,7 @@ class _ShardedOptimizer:
                    for v in entries.values() if isinstance(v, torch.Tensor))
 
     # -- gradient flow -----------------------------------------------------------------
-    def _zero_shard_grad(self, bucket: _Bucket) -> torch.Tensor:
+    def _zero_shard_grad(self, bucket: _ShardedGroup) -> torch.Tensor:
         reduced = bucket.reduced
         if reduced is None:
             raise RuntimeError("the gradients were not reduced: call synchronize() first")
@@ -484,7 +484,7 @@ class _ShardReduction:
     the packed gradients reduce-scattered into this rank's shard, the gradients freed.
     Stage 1: the flat bucket allreduced in place (``param.grad`` stays its view)."""
 
-    def __init__(self, buckets: list[_Bucket], stage: int, compression: Compressor, op: ReduceOp,
+    def __init__(self, buckets: list[_ShardedGroup], stage: int, compression: Compressor, op: ReduceOp,
                  scale: tuple[float, float], process_set: ProcessSet) -> None:
         self.buckets, self.stage, self.compression = buckets, stage, compression
         self.op, self.scale, self.process_set = op, scale, process_set
