@@ -17,27 +17,29 @@ The thread sleeps on an alarm (alarm.py) set to when it next has a cycle to run
 the work first never has the thread wake up to fight it for the GIL.
 
 A caller that blocks on a handle runs the cycles itself while the thread is not running
-one (``_drive_while_waiting``): the thread stays for work nobody waits on yet, idle negotiation, and
-negotiations a caller stopped waiting on. Either way a cycle runs under one lock, so the
-cycles of a rank stay one sequence, as the other ranks' collectives need.
+one (caller_cycles.py): the thread stays for work nobody waits on yet, idle negotiation,
+and negotiations a caller stopped waiting on. Either way a cycle runs under one lock, so
+the cycles of a rank stay one sequence, as the other ranks' collectives need. A cycle
+that fails midway ends the runtime and the job (fault_policy.py).
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Any, Callable, Generator
+from typing import Any, Callable
 
-from . import interrupts
 from .alarm import make_alarm
-from ..negotiation.controller import Controller, CycleResult, finish_cycle
+from .caller_cycles import CallerCycles, CycleSteps
+from .fault_policy import FaultPolicy
+from ..negotiation.controller import Controller, finish_cycle
 from ..negotiation.eager_plan import EagerPlan, EagerPredictor
 from ..negotiation.transport import Pending
 from ..entry import Entry
 from ..errors import HorovodInternalError
 from ..execution.executor import Executor
 from ..execution.fusion import FusionPlanner
-from ..handles import Completions, Handle
+from ..handles import Completions
 from ..autotune import Autotuner
 from ..messages import RequestType
 from ..timeline import Timeline
@@ -48,14 +50,9 @@ log = logging.getLogger("horovodish")
 _IDLE_WAIT = 0.02
 _BUSY_POLL = 1e-3  # longest sleep between polls of a negotiation while work is pending
 _IDLE_POLL = 5e-3  # ... and while idle
-# How long a caller running a cycle itself waits on the other ranks' negotiation before
-# handing it to the runtime thread: a burst's ranks are a few hundred us apart.
-_CALLER_WAIT = 2e-3
-
-CycleSteps = Generator[Pending, None, CycleResult]
 
 
-class Runtime:
+class Runtime(CallerCycles, FaultPolicy):
     def __init__(self, controller: Controller, executor: Executor, fusion_threshold: int,
                  cycle_time_ms: float, stall_message: Callable[[], str] | None = None,
                  caller_runs: bool = True, eager: EagerPredictor | None = None,
@@ -353,96 +350,6 @@ class Runtime:
                 f"'{entry.request.name}' was in flight."))
         self.completions.notify()
 
-    # -- a blocked caller drives -------------------------------------------------------
-    def _drive_while_waiting(self, handle: Handle, timeout: float | None) -> None:
-        """A caller blocks on handle: run cycles on its thread while the runtime thread
-        is not running one. That saves the two thread hand-offs of every cycle (a small
-        allreduce's latency nearly halves: docs/tuning.md). When the thread is busy, or a negotiation is not
-        done within _CALLER_WAIT (a peer is late), the caller leaves it to the thread
-        and blocks as before. On the main thread, Ctrl-C is held back while it drives,
-        until the cycle it is in is done or handed over (interrupts.py); with other
-        Python signal handlers installed, the main thread leaves the cycles to the
-        runtime thread."""
-        if not self.caller_runs or self.timeline is not None:
-            self.wake_thread()  # (a timeline's file writes would hold up the caller)
-            return
-        on_main = threading.get_ident() == interrupts.MAIN_THREAD
-        if on_main and not interrupts.safe_to_drive():
-            self.wake_thread()  # a handler of the application's own could strike mid-cycle
-            return
-        if on_main:
-            # Held back for as long as this caller drives, not per cycle: raised between
-            # cycles, a Ctrl-C could land in the bookkeeping around them (a lock's
-            # acquire runs signal handlers while it blocks) and leave this caller
-            # counted as driving for good, which keeps the thread off queued work.
-            # _drive_until stops at the next cycle boundary once one is held back. The
-            # depth changes inline (see interrupts.depth).
-            interrupts.depth += 1
-        try:
-            with self._lock:
-                self._callers_driving += 1  # the thread stays out of the way meanwhile
-            try:
-                self._drive_until(handle, timeout, on_main)
-            finally:
-                with self._lock:
-                    self._callers_driving -= 1
-                    if self._queue or self.controller.has_pending:
-                        # Work left behind (another thread's, or other ranks' late) is
-                        # the thread's again, from its cycle time on.
-                        self._alarm.set(self._next_due(time.monotonic()))
-        finally:
-            if on_main:
-                interrupts.depth -= 1
-                interrupts.raise_held_back()  # a Ctrl-C held back meanwhile goes off here
-
-    def _drive_until(self, handle: Handle, timeout: float | None, on_main: bool) -> None:
-        deadline = None if timeout is None else time.perf_counter() + timeout
-        while not handle._done and not self._stopped:
-            if deadline is not None and time.perf_counter() > deadline:
-                return
-            if on_main and interrupts.held_back():
-                return  # a Ctrl-C waits: no further cycle on this thread
-            if not self._driver.acquire(blocking=False):
-                self.wake_thread()  # the thread is driving: let it go on at once
-                return
-            try:
-                if self._stopped or not self._caller_cycle():
-                    return
-            except BaseException as exc:  # fail what is pending, like the thread would
-                if not isinstance(exc, PeersNotAnswering):  # (a stall: _fail says it)
-                    log.exception("horovodish cycle on a caller's thread failed")
-                self._fail(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            finally:
-                self._driver.release()
-
-    def _caller_cycle(self) -> bool:
-        """One cycle on a caller's thread; False if it was handed to the runtime thread.
-        A negotiation handed over earlier and not yet finished comes first: a rank's
-        cycles must follow one another."""
-        with self._lock:
-            handed, self._handed_over = self._handed_over, None
-        start = time.monotonic()
-        if handed is not None:
-            steps, pending = handed
-        else:
-            steps, pending = self._start_cycle(by_caller=True)
-            self.caller_cycles += 1
-        # Still inside the critical section: a Ctrl-C meanwhile goes off once this wait
-        # (at most _CALLER_WAIT) and the hand-over or the cycle are done. (Leaving the
-        # section around the wait raced: a signal handled as enter() began raised
-        # before the count went back up, unbalancing it.)
-        done = pending.wait(time.monotonic() + _CALLER_WAIT)  # (if it raises, _end)
-        if not done:
-            self._hand_over(steps, pending)
-            self.wake_thread()
-            return False
-        self._finish_cycle(steps)
-        self._caller_cycle_s = time.monotonic() - start
-        return True
-
     def set_eager_limit(self, limit: int, split_limit: int = 0) -> None:
         """New eager limits (eager_plan.plan_eager), forgetting what was learnt (the bench's
         A/B). Every rank calls it at the same point with nothing in flight anywhere.
@@ -456,12 +363,6 @@ class Runtime:
     def _fill_eager(self, plan: EagerPlan, region: Any) -> bool:
         """The controller's hook: this rank's tensors for an eager plan into its region."""
         return self.executor.pack_eager(plan, region, self._in_flight.get)
-
-    def _hand_over(self, steps: CycleSteps, pending: Pending) -> None:
-        self.handovers += 1
-        with self._lock:
-            self._handed_over = (steps, pending)
-            self._alarm.wake_by(0.0)
 
     # -- the thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -526,48 +427,6 @@ class Runtime:
             return None if ranks is None else [(world[r], pid) for r, pid in ranks]
         wait_patiently(lambda: pending.wait(patience=min(1.0, self._patience.warn_after)),
                        self._patience, self.rank, missing, "negotiation")
-
-    def _fail(self, exc: BaseException) -> None:
-        """A cycle failed midway: stop, failing what is pending, and end the job. Other
-        ranks may be inside a collective this rank will never join (a data allreduce
-        after the negotiation that agreed on it), and MPI cannot take a collective back:
-        they, and this rank's own MPI_Finalize, would wait forever. So the job is
-        aborted once this rank's script had the grace period to report the error, or
-        at once when it shuts down (``shutdown`` in api/lifecycle.py)."""
-        if isinstance(exc, PeersNotAnswering):  # a stall, not a fault of this rank
-            with self._lock:
-                first = not self._stopped
-            if first:
-                self._stop_reason = f" by the stall inspector: {exc}"
-                exc.end_local_ranks()
-                self._end_job_after_grace()
-                self._end(self._stop_reason)
-            return
-        with self._lock:
-            first = not self._stopped
-            self.failed = self.failed or first  # (not when it had stopped cleanly)
-        self._end(f" after an internal error: {exc!r}")
-        if first and self.controller.size > 1:
-            self._end_job_after_grace()
-
-    def _end_job_after_grace(self, grace: float = 5.0) -> None:
-        """A stall shutdown or an internal error ends the job: pending handles fail now
-        (so scripts can report and exit); a rank still running after the grace period is
-        aborted, so no rank that never calls another collective can keep the job alive."""
-        reason = self._stop_reason.strip()
-        log.error("shutting down: %s", reason)
-        try:  # device work queued for a lost peer ends now (pending handles failed above)
-            self.executor.abort(self._stop_reason)
-        except Exception as exc:  # noqa: BLE001 (the job ends anyway)
-            log.error("aborting device communication failed: %r", exc)
-
-        def abort() -> None:
-            from mpi4py import MPI
-            log.error("aborting the job %g s after horovodish shut down %s", grace, reason)
-            MPI.COMM_WORLD.Abort(1)
-        timer = threading.Timer(grace, abort)
-        timer.daemon = True
-        timer.start()
 
     def _next_due(self, now: float) -> float:
         """When the thread next has a cycle to run, in time.monotonic(); 0.0 if it has
