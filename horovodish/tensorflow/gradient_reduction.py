@@ -17,6 +17,7 @@ from typing import Any, Collection, Sequence
 import numpy as np
 import tensorflow as tf
 
+from ..common.bucketing import consecutive_runs
 from ..common.compression import Compressor
 from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
@@ -142,20 +143,10 @@ def _buckets(dense: list[int], grads: list[Any], groups: list[list[int]] | None
     a group (``groups``: positions in ``dense``; None: one group), up to 64 MiB."""
     buckets: list[list[int]] = []
     for group in groups if groups is not None else [range(len(dense))]:
-        size = 0
-        start = len(buckets)
-        for position in group:
-            index = dense[position]
-            grad = grads[index]
-            nbytes = grad.shape.num_elements() or 0
-            nbytes *= grad.dtype.size
-            if len(buckets) > start and grads[buckets[-1][0]].dtype == grad.dtype and \
-                    size + nbytes <= _BUCKET_BYTES:
-                buckets[-1].append(index)
-                size += nbytes
-            else:
-                buckets.append([index])
-                size = nbytes
+        buckets += consecutive_runs(
+            (dense[position] for position in group), lambda index: grads[index].dtype,
+            lambda index: (grads[index].shape.num_elements() or 0) * grads[index].dtype.size,
+            _BUCKET_BYTES)
     return buckets
 
 

@@ -18,6 +18,8 @@ from typing import Sequence
 
 import torch
 
+from ..common.bucketing import consecutive_runs
+
 
 class GradientBuckets:
     def __init__(self, cap_bytes: float, groups: Sequence[Sequence[torch.Tensor]] | None = None
@@ -90,18 +92,16 @@ class GradientBuckets:
     def learn(self, order: Sequence[torch.Tensor]) -> None:
         """Stop learning; bucket ``order`` (the same on every rank) by dtype and cap."""
         self._order = None
-        buckets: list[list[torch.Tensor]] = []
-        size = 0.0
-        for param in order:
-            nbytes = param.numel() * param.element_size()
-            if buckets and size + nbytes <= self._cap and buckets[-1][0].dtype == param.dtype:
-                buckets[-1].append(param)
-                size += nbytes
-            else:
-                buckets.append([param])
-                size = nbytes
-        self._set(buckets)
+        self._set(consecutive_runs(order, _dtype, _nbytes, self._cap))
 
     def _set(self, buckets: Sequence[Sequence[torch.Tensor]]) -> None:
         self._buckets = [list(b) for b in buckets if len(b) > 0]
         self._bucket_of = {p: i for i, b in enumerate(self._buckets) for p in b}
+
+
+def _dtype(param: torch.Tensor) -> torch.dtype:
+    return param.dtype
+
+
+def _nbytes(param: torch.Tensor) -> int:
+    return param.numel() * param.element_size()

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from ..common.api.process_sets import ProcessSet
+from ..common.bucketing import consecutive_runs
 from ..common.compression import Compressor
 from ..common.messages import ReduceOp
 from . import mpi_ops
@@ -141,16 +142,9 @@ class _ShardedOptimizer:
         rank, size = self._zero_process_set.rank(), self._zero_process_set.size()
         buckets: list[_ShardedGroup] = []
         for group_index, group in enumerate(self.param_groups):
-            runs: list[list[torch.Tensor]] = []
-            nbytes = 0.0
-            for param in reversed([p for p in group["params"] if p.requires_grad]):
-                size_bytes = param.numel() * param.element_size()
-                if runs and runs[-1][0].dtype == param.dtype and nbytes + size_bytes <= cap_bytes:
-                    runs[-1].append(param)
-                    nbytes += size_bytes
-                else:
-                    runs.append([param])
-                    nbytes = size_bytes
+            runs = consecutive_runs(
+                reversed([p for p in group["params"] if p.requires_grad]),
+                lambda p: p.dtype, lambda p: p.numel() * p.element_size(), cap_bytes)
             for params in runs:
                 bucket = _ShardedGroup(len(buckets), group_index, params,
                                  [self._parameter_names[p] for p in params], rank, size)
