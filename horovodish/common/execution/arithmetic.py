@@ -41,15 +41,6 @@ def divide_toward_zero(buf: np.ndarray, divisor: int) -> None:
     buf += inexact & (buf < 0)  # a negative quotient that floor took one too far
 
 
-# Half-precision values are scaled in float32 and rounded once, as Horovod's CPU scaling
-# does (its float16 kernel widens to float); numpy would otherwise multiply in the
-# half type itself and round the factor first. Integers are scaled in float64 and
-# truncated toward zero by the cast back (a float64 product, then C's conversion).
-# (dtypes, not names: an array's dtype.name costs about 2 us, the call's own multiply
-# of a small tensor about 1.)
-_WIDEN_TO_FLOAT32 = HALF_PRECISION  # float16, and bfloat16 once dtypes.py has loaded it
-
-
 # Packing many small tensors, scaling the packed buffer in one pass beats one scaled
 # copy per tensor: each call costs about 4 us, and a pass over a buffer still in cache
 # costs about that per 64 KiB (a 256 x 16 KiB burst's pack: 1.1 ms in 256 calls).
@@ -64,8 +55,14 @@ def scale_once(nbytes: int, tensors: int) -> bool:
 
 def scale_into(out: np.ndarray, source: np.ndarray, factor: float) -> None:
     """out = source * factor with Horovod's arithmetic per dtype (out may be source)."""
+    # Half-precision values are scaled in float32 and rounded once, as Horovod's CPU
+    # scaling does (its float16 kernel widens to float); numpy would otherwise multiply
+    # in the half type itself and round the factor first. Integers are scaled in
+    # float64 and truncated toward zero by the cast back (a float64 product, then C's
+    # conversion). (dtypes, not names: an array's dtype.name costs about 2 us, the
+    # call's own multiply of a small tensor about 1.)
     dtype = source.dtype
-    if dtype in _WIDEN_TO_FLOAT32 or (dtype.kind == "V" and dtype == bfloat16()):
+    if dtype in HALF_PRECISION or (dtype.kind == "V" and dtype == bfloat16()):
         np.multiply(source, np.float32(factor), out=out, dtype=np.float32, casting="unsafe")
     else:
         np.multiply(source, factor, out=out, casting="unsafe")
