@@ -104,9 +104,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     zero one (an empty sparse one for SparseAdam and for the sparse embeddings of
     ``model``, Horovod's argument for telling them apart).
     """
-    sharded = getattr(optimizer, "_zero_broadcast_state", None)
-    if sharded is not None:  # shard_optimizer_state=True: see zero.py
-        sharded(root_rank)
+    sync = getattr(optimizer, "_horovodish", None)  # a DistributedOptimizer's
+    if sync is not None and sync.broadcast_state(root_rank):  # sharded state: zero.py
         return
     state_dict = optimizer.state_dict()
     if not state_dict["state"]:
@@ -148,9 +147,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     # Collective, so every rank restarts alike: a worker that joins an elastic job (or
     # rebuilds its optimizer) starts its DistributedOptimizer's first-step agreement,
     # which the others would otherwise never make again.
-    restart = getattr(optimizer, "_hvd_restart_agreement", None)
-    if restart is not None:
-        restart()
+    if sync is not None:
+        sync.restart_agreement()
 
 
 def _zero_missing_grads(optimizer: torch.optim.Optimizer,

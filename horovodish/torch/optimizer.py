@@ -47,10 +47,9 @@ The returned object's class subclasses the wrapped optimizer's class (``isinstan
 """
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections import Counter
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -59,153 +58,94 @@ from ..common.messages import ReduceOp
 from ..common.api.process_sets import ProcessSet, global_process_set
 from .comm_hooks import CommHook
 from .compression import Compression
-from .functions import load_state_in_place
+from .optimizer_base import OptimizerSync, WrappedOptimizer, trained, wrap
 from .reducer import Reducer
-from .tracked import UntrackedGradients
-from .zero import _ShardedOptimizer, sharded_class
+from .zero import ShardedOptimizer, ShardedSync
 
 
-class _DistributedOptimizer:
-    """Mixed in before the wrapped optimizer's class; the gradient path is one
-    ``Reducer`` (reducer.py), kept as ``_hvd_reducer``."""
+class ReplicatedSync(OptimizerSync):
+    """The replicated optimizer's reduction: one ``Reducer`` (reducer.py) averaging
+    every gradient while backward runs."""
 
-    def _hvd_setup(self, names: dict[torch.Tensor, str], compression: Compressor,
-                   backward_passes_per_step: int, op: ReduceOp, predivide: float,
-                   groups: list[list[torch.Tensor]] | None, sparse_as_dense: bool,
-                   process_set: ProcessSet, bucket_cap_mb: float,
-                   buffer_sync: Callable[[], None] | None,
-                   gradient_as_bucket_view: bool = True) -> None:
-        self._parameter_names = names
-        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
-        self._hvd_compression = compression
-        self._hvd_buffer_sync = buffer_sync
-        self._hvd_reducer = Reducer(
+    def __init__(self, optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], *,
+                 compression: Compressor, backward_passes_per_step: int, op: ReduceOp,
+                 predivide: float, groups: list[list[torch.Tensor]] | None,
+                 sparse_as_dense: bool, process_set: ProcessSet, bucket_cap_mb: float,
+                 buffer_sync: Callable[[], None] | None,
+                 gradient_as_bucket_view: bool) -> None:
+        params = trained(optimizer)
+        super().__init__(optimizer, params, names, buffer_sync)
+        self.compression = compression
+        self.reducer = Reducer(
             params, names, compression=compression, op=op, process_set=process_set,
             passes=backward_passes_per_step, predivide=predivide,
             sparse_as_dense=sparse_as_dense, bucket_cap_mb=bucket_cap_mb, groups=groups,
             as_view=gradient_as_bucket_view)
-        self._hvd_untracked = UntrackedGradients(self, set(params), names)
-        self._hvd_should_sync = True
-        self._hvd_synchronized = False
-        self.backward_passes_per_step = self._hvd_reducer.passes
 
-    # -- public API --------------------------------------------------------------------
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """Reduce on every passes-th backward; gradients accumulate locally in between."""
-        self._hvd_reducer.set_passes(passes)
-        self.backward_passes_per_step = self._hvd_reducer.passes
+    @property
+    def passes(self) -> int:
+        return self.reducer.passes
+
+    def set_passes(self, passes: int) -> None:
+        self.reducer.set_passes(passes)
 
     def synchronize(self) -> None:
-        """Finish every gradient reduction of this step (submitting what no hook sent)."""
-        reducer = self._hvd_reducer
+        reducer = self.reducer
         if reducer.member:
             try:
-                self._hvd_untracked.check()
+                self.untracked.check()
             except Exception:
                 reducer.abandon_step()
                 raise
             reducer.synchronize()
-        self._hvd_synchronized = True
+        self.synchronized = True
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load as torch does, but in place (see functions.load_state_in_place), and
-        abandon a step in progress, as Horovod does: an elastic restore follows a
-        failed step."""
-        self._hvd_reducer.abandon_step()
-        self._hvd_synchronized = False
-        load_state_in_place(self, state_dict, super().load_state_dict)
+    def pending_work(self) -> bool:
+        return self.reducer.pending_work()
+
+    def zero_grad(self, set_to_none: bool, plain: Callable[[bool], None]) -> None:
+        if self.reducer.flat:
+            self.reducer.zero_grad(set_to_none)
+        else:
+            plain(set_to_none)
+
+    def abandon_step(self) -> None:
+        self.reducer.abandon_step()
+        self.synchronized = False
 
     def register_comm_hook(self, state: Any, hook: CommHook) -> None:
-        """Send each bucket through ``hook(state, bucket)`` instead of an exact allreduce
-        (DDP's ``register_comm_hook``; see horovodish/torch/comm_hooks.py): built-ins
-        ``hvd.fp16_compress_hook``, ``hvd.bf16_compress_hook``, and ``hvd.powersgd_hook``
-        with a ``hvd.PowerSGDState``. Every rank registers the same hook, once, before
-        the first backward. Sparse gradients (unless ``sparse_as_dense``) bypass it."""
-        if self._hvd_reducer.comm_hook is not None:
+        if self.reducer.comm_hook is not None:
             raise RuntimeError("register_comm_hook: a communication hook is registered "
                                "already (one per optimizer, as in DDP)")
-        if self._hvd_compression is not Compression.none:
+        if self.compression is not Compression.none:
             raise ValueError("register_comm_hook: this optimizer compresses already "
-                             f"(compression={self._hvd_compression.__name__}); use the "
+                             f"(compression={self.compression.__name__}); use the "
                              "hook alone (e.g. hvd.fp16_compress_hook)")
         if not callable(hook):
             raise TypeError(f"register_comm_hook: hook must be callable, got {hook!r}")
-        self._hvd_reducer.register_comm_hook(state, hook)
-
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """For ``synchronize(); clip gradients; with skip_synchronize(): step()``."""
-        self._hvd_should_sync = False
-        try:
-            yield
-        finally:
-            self._hvd_should_sync = True
-
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        if self._hvd_should_sync:
-            if self._hvd_synchronized:
-                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
-                              "after optimizer.synchronize(); the gradients are reduced "
-                              "again. Wrap step() in `with optimizer.skip_synchronize():`.")
-            self.synchronize()
-        self._hvd_synchronized = False
-        result = super().step(closure)
-        if self._hvd_buffer_sync is not None:
-            self._hvd_buffer_sync()
-        return result
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """As torch's, except for gradients in flat buckets (from the second step on):
-        those are zeroed in place and stay views of their bucket, whatever
-        ``set_to_none`` says (see docs/pytorch.md, "Flat gradient buckets")."""
-        reducer = self._hvd_reducer
-        if reducer.pending_work():
-            raise AssertionError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(): gradient reductions are "
-                "pending (or accumulating for backward_passes_per_step), and zeroing now "
-                "would race with them. Call step() (or synchronize()) first.")
-        if reducer.flat:
-            reducer.zero_grad(set_to_none)
-        else:
-            super().zero_grad(set_to_none)
+        self.reducer.register_comm_hook(state, hook)
 
     def negotiation_stats(self) -> list[dict[str, int]]:
-        """Per synchronized step (oldest first, the last 1000): runtime ``cycles``,
-        ``slow_cycles`` and ``fast_cycles`` from this step's first submission to the end
-        of synchronize(); ``submissions`` (calls into the core); ``gradients`` (gradients
-        found final by hooks, or sent in a flat bucket); ``submitted_after``: for each
-        submission, how many gradients were final when it went out (with learned
-        buckets that follow execution it rises in step with arrivals, e.g. [4, 8, 12]
-        for three buckets of four); and ``buckets_at_synchronize``: flat buckets that no
-        hook found complete, sent by synchronize() (a changed graph)."""
-        return list(self._hvd_reducer.stats)
+        return list(self.reducer.stats)
 
-    def _hvd_restart_agreement(self) -> None:
-        """Agree (and learn buckets) afresh from the next step: called on every rank by
-        broadcast_optimizer_state."""
-        self._hvd_reducer.restart_agreement()
+    def restart_agreement(self) -> None:
+        """Agree (and learn buckets) afresh from the next step."""
+        self.reducer.restart_agreement()
 
 
-def _adasum_optimizer(optimizer: torch.optim.Optimizer,
-                      named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+def _adasum_optimizer(optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str],
                       compression: Compressor, backward_passes_per_step: int,
                       process_set: ProcessSet) -> Any:
-    from .adasum_optimizer import adasum_class
+    from .adasum_optimizer import AdasumSync
     if backward_passes_per_step != 1:
         raise ValueError("DistributedOptimizer(op=Adasum) combines the deltas of every step; "
                          "backward_passes_per_step must be 1 (accumulate gradients yourself "
                          "and call step() once per combined update).")
-    names = _parameter_names(optimizer, named_parameters)
-    cls = adasum_class(type(optimizer))
-    wrapped = cls.__new__(cls)
-    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
-    wrapped._hvd_adasum_setup(names, compression, process_set)
-    return wrapped
+    return wrap(optimizer, WrappedOptimizer, names,
+                lambda wrapped: AdasumSync(wrapped, names, compression, process_set))
 
 
-def _sharded_optimizer(optimizer: torch.optim.Optimizer,
-                       named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+def _sharded_optimizer(optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str],
                        compression: Compressor, backward_passes_per_step: int, op: ReduceOp,
                        predivide: float, groups: Any, process_set: ProcessSet,
                        bucket_cap_mb: float, buffer_sync: Callable[[], None] | None,
@@ -217,30 +157,11 @@ def _sharded_optimizer(optimizer: torch.optim.Optimizer,
     if groups:
         raise ValueError("shard_optimizer_state=True makes its own buckets; groups= does "
                          "not apply (use bucket_cap_mb=)")
-    if isinstance(optimizer, (_DistributedOptimizer, _ShardedOptimizer)):
-        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
-                         "torch optimizer once")
-    names = _parameter_names(optimizer, named_parameters)
-    cls = sharded_class(type(optimizer))
-    wrapped = cls.__new__(cls)
-    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
-    wrapped._zero_setup(names, stage, compression, backward_passes_per_step, op,
-                        float(predivide), process_set, bucket_cap_mb, buffer_sync)
-    return wrapped
-
-
-# Our step() already runs inside the wrapped class's hooked step (via super()), so torch
-# must not wrap it again when it re-patches classes in load_state_dict/__setstate__.
-_DistributedOptimizer.step.hooked = True  # type: ignore[attr-defined]
-
-_classes: dict[type, type] = {}
-
-
-def _distributed_class(base: type) -> type:
-    if base not in _classes:
-        _classes[base] = type(base.__name__, (_DistributedOptimizer, base),
-                              {"__module__": __name__})
-    return _classes[base]
+    base = type(optimizer)
+    return wrap(optimizer, ShardedOptimizer, names, lambda wrapped: ShardedSync(
+        wrapped, base, names, stage=stage, compression=compression,
+        backward_passes_per_step=backward_passes_per_step, op=op, predivide=float(predivide),
+        process_set=process_set, bucket_cap_mb=bucket_cap_mb, buffer_sync=buffer_sync))
 
 
 def _parameter_names(optimizer: torch.optim.Optimizer,
@@ -337,8 +258,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          f"{op.name.capitalize()}")
     if gradient_predivide_factor != 1.0 and op != ReduceOp.AVERAGE:
         raise ValueError("gradient_predivide_factor is only supported with op=Average")
+    if isinstance(optimizer, WrappedOptimizer):
+        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
+                         "torch optimizer once")
+    names = _parameter_names(optimizer, named_parameters)
     if shard_optimizer_state:
-        return _sharded_optimizer(optimizer, named_parameters, compression,
+        return _sharded_optimizer(optimizer, names, compression,
                                   backward_passes_per_step, op, gradient_predivide_factor,
                                   groups or num_groups, process_set, bucket_cap_mb,
                                   buffer_sync, zero_stage)
@@ -352,22 +277,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             raise ValueError(f"DistributedOptimizer(op=Adasum) does not support "
                              f"{', '.join(unsupported)}: the Adasum optimizer reduces each "
                              "parameter's delta on its own, after the local step.")
-        return _adasum_optimizer(optimizer, named_parameters, compression,
-                                 backward_passes_per_step, process_set)
-    if isinstance(optimizer, (_DistributedOptimizer, _ShardedOptimizer)):
-        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
-                         "torch optimizer once")
+        return _adasum_optimizer(optimizer, names, compression, backward_passes_per_step,
+                                 process_set)
     if num_groups:
         warnings.warn("num_groups is deprecated; use groups=", DeprecationWarning)
         groups = num_groups if groups is None else groups
-    names = _parameter_names(optimizer, named_parameters)
-    wrapped = _distributed_class(type(optimizer)).__new__(_distributed_class(type(optimizer)))
-    # Share the wrapped optimizer's state, groups, defaults and hooks. "step" is dropped:
-    # an LR scheduler may have put a bound step of the original there.
-    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    wrapped._hvd_setup(names, compression, backward_passes_per_step, op,
-                       float(gradient_predivide_factor), _groups(params, groups),
-                       sparse_as_dense, process_set, bucket_cap_mb, buffer_sync,
-                       gradient_as_bucket_view)
-    return wrapped
+    chunks = _groups(trained(optimizer), groups)
+    return wrap(optimizer, WrappedOptimizer, names, lambda wrapped: ReplicatedSync(
+        wrapped, names, compression=compression,
+        backward_passes_per_step=backward_passes_per_step, op=op,
+        predivide=float(gradient_predivide_factor), groups=chunks,
+        sparse_as_dense=sparse_as_dense, process_set=process_set,
+        bucket_cap_mb=bucket_cap_mb, buffer_sync=buffer_sync,
+        gradient_as_bucket_view=gradient_as_bucket_view))

@@ -28,11 +28,9 @@ refused.
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
-import warnings
 import weakref
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -44,8 +42,8 @@ from . import mpi_ops
 from .async_ops import allgather_into_async
 from .flat_buckets import FlatBucket
 from .functions import broadcast_object
+from .optimizer_base import LocalStep, OptimizerSync, WrappedOptimizer
 from .reducer import Reducer
-from .tracked import UntrackedGradients
 from .zero_state import SHARDED_KEY, bucket_layout, consolidate, shard_of
 
 # Optimizers whose update of an element depends on other elements of the same parameter.
@@ -92,54 +90,55 @@ class _ShardedGroup:
                     param.data = view
 
 
-class _ShardedOptimizer:
-    """Mixed in before the wrapped optimizer's class (which only keeps the param groups
-    the user sees); the shards' optimizers live in the buckets."""
+class ShardedSync(OptimizerSync):
+    """The sharded optimizer's reduction and state, kept as its ``_horovodish``. The
+    wrapped optimizer only keeps the param groups the user sees; the shards' optimizers
+    live in the flat groups."""
 
-    def _zero_setup(self, names: dict[torch.Tensor, str], stage: int, compression: Compressor,
-                    backward_passes_per_step: int, op: ReduceOp, predivide: float,
-                    process_set: ProcessSet, bucket_cap_mb: float,
-                    buffer_sync: Callable[[], None] | None) -> None:
-        cls = self._zero_base
+    def __init__(self, optimizer: torch.optim.Optimizer, base: type,
+                 names: dict[torch.Tensor, str], *, stage: int, compression: Compressor,
+                 backward_passes_per_step: int, op: ReduceOp, predivide: float,
+                 process_set: ProcessSet, bucket_cap_mb: float,
+                 buffer_sync: Callable[[], None] | None) -> None:
+        self.base = cls = base
         if cls.__name__ in _NOT_ELEMENTWISE:
             raise ValueError(f"shard_optimizer_state=True steps each rank's flat shard of the "
                              f"parameters, which needs an elementwise update; {cls.__name__} "
                              "looks at whole tensors. Use it without sharding.")
         if not process_set.included():
             raise ValueError("shard_optimizer_state=True: this rank is not in the process set")
-        self._parameter_names = names
-        self._zero_stage = stage
-        self._zero_compression = compression
-        self._zero_op = op
-        self._zero_scale = (1.0 / predivide, predivide) if op == ReduceOp.AVERAGE else (1.0, 1.0)
-        self._zero_process_set = process_set
-        self._zero_buffer_sync = buffer_sync
-        self._zero_should_sync = True
-        self._zero_synchronized = False
-        self._zero_loaded: dict[str, Any] | None = None  # see _zero_broadcast_state
-        old_state = torch.optim.Optimizer.state_dict(self) if self.state else None
-        self._zero_index = {p: i for i, p in enumerate(
+        self.names = names
+        # The same list and group dicts as the optimizer's (load_state_in_place keeps them).
+        self.param_groups = optimizer.param_groups
+        self.defaults = optimizer.defaults
+        self.stage = stage
+        self.compression = compression
+        self.op = op
+        self.scale = (1.0 / predivide, predivide) if op == ReduceOp.AVERAGE else (1.0, 1.0)
+        self.process_set = process_set
+        self.loaded: dict[str, Any] | None = None  # see broadcast_state
+        old_state = torch.optim.Optimizer.state_dict(optimizer) if optimizer.state else None
+        self.index = {p: i for i, p in enumerate(
             p for group in self.param_groups for p in group["params"])}
-        self._zero_buckets = self._zero_build(bucket_cap_mb * 2 ** 20)
-        self._zero_bucket_of = {p: b for b in self._zero_buckets for p in b.params}
-        self._zero_gathering: dict[_ShardedGroup, int] = {}  # deferred allgathers
-        self._zero_defer = False
-        params = list(self._zero_bucket_of)
-        self._zero_reducer = Reducer(
+        self.buckets = self.build_buckets(bucket_cap_mb * 2 ** 20)
+        self.bucket_of = {p: b for b in self.buckets for p in b.params}
+        self.gathering: dict[_ShardedGroup, int] = {}  # deferred allgathers
+        self.defer = False
+        params = list(self.bucket_of)
+        self.reducer = Reducer(
             params, names, compression=compression, op=op, process_set=process_set,
             passes=backward_passes_per_step, predivide=predivide,
-            layout=[b.params for b in self._zero_buckets],
-            collective=_ShardReduction(self._zero_buckets, stage, compression, op,
-                                       self._zero_scale, process_set),
+            layout=[b.params for b in self.buckets],
+            collective=_ShardReduction(self.buckets, stage, compression, op,
+                                       self.scale, process_set),
             packed=stage == 2)
-        self._zero_untracked = UntrackedGradients(self, set(params), names)
-        self.backward_passes_per_step = self._zero_reducer.passes
+        super().__init__(optimizer, params, names, buffer_sync)
         if old_state is not None:  # the plain optimizer had state: it becomes the shards'
-            self.state.clear()
-            self._zero_load_consolidated(old_state)
+            optimizer.state.clear()
+            self.load_consolidated(old_state)
 
-    def _zero_build(self, cap_bytes: float) -> list[_ShardedGroup]:
-        rank, size = self._zero_process_set.rank(), self._zero_process_set.size()
+    def build_buckets(self, cap_bytes: float) -> list[_ShardedGroup]:
+        rank, size = self.process_set.rank(), self.process_set.size()
         buckets: list[_ShardedGroup] = []
         for group_index, group in enumerate(self.param_groups):
             runs = consecutive_runs(
@@ -147,14 +146,14 @@ class _ShardedOptimizer:
                 lambda p: p.dtype, lambda p: p.numel() * p.element_size(), cap_bytes)
             for params in runs:
                 bucket = _ShardedGroup(len(buckets), group_index, params,
-                                 [self._parameter_names[p] for p in params], rank, size)
+                                 [self.names[p] for p in params], rank, size)
                 if bucket.count:
-                    bucket.optimizer = self._zero_shard_optimizer(bucket)
+                    bucket.optimizer = self.shard_optimizer(bucket)
                 buckets.append(bucket)
         return buckets
 
-    def _zero_shard_optimizer(self, bucket: _ShardedGroup) -> torch.optim.Optimizer:
-        cls = self._zero_base
+    def shard_optimizer(self, bucket: _ShardedGroup) -> torch.optim.Optimizer:
+        cls = self.base
         group = {k: v for k, v in self.param_groups[bucket.group].items()
                  if k not in _NOT_HYPERPARAMETERS}
         # The defaults the constructor takes (AdamW's defaults hold one it sets itself);
@@ -169,39 +168,35 @@ class _ShardedOptimizer:
                              f"as {cls.__name__}(param_groups, **optimizer.defaults), which "
                              f"failed: {exc}") from exc
 
-    # -- public API --------------------------------------------------------------------
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """Reduce on every passes-th backward; gradients accumulate locally in between."""
-        self._zero_reducer.set_passes(passes)
-        self.backward_passes_per_step = self._zero_reducer.passes
+    # -- OptimizerSync ------------------------------------------------------------------
+    @property
+    def passes(self) -> int:
+        return self.reducer.passes
+
+    def set_passes(self, passes: int) -> None:
+        self.reducer.set_passes(passes)
 
     def synchronize(self) -> None:
         """Finish every bucket's reduction (submitting those no hook completed). Stage 2:
         each rank then holds its shard of the averaged gradients (``param.grad`` is
         None); stage 1: ``param.grad`` is the averaged gradient."""
         try:
-            self._zero_untracked.check()
-            self._zero_reducer.synchronize()
+            self.untracked.check()
+            self.reducer.synchronize()
         except Exception:
-            self._zero_abandon_step()
+            self.abandon_step()
             raise
-        self._zero_synchronized = True
+        self.synchronized = True
 
     def register_comm_hook(self, state: Any, hook: Callable[..., Any]) -> None:
         raise ValueError("register_comm_hook does not apply with shard_optimizer_state=True: "
                          "gradients are reduce-scattered, not allreduced. For fewer bytes "
                          "use compression=hvd.Compression.fp16 or .bf16.")
 
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """For ``synchronize(); clip_grad_norm_(...); with skip_synchronize(): step()``."""
-        self._zero_should_sync = False
-        try:
-            yield
-        finally:
-            self._zero_should_sync = True
+    def negotiation_stats(self) -> list[dict[str, int]]:
+        return list(self.reducer.stats)
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+    def step(self, closure: Callable[[], Any] | None, local_step: LocalStep) -> Any:
         """Reduce (unless synchronized already), step every shard, allgather the updated
         shards into the parameters. A closure runs first (it usually runs forward and
         backward), and its loss is returned."""
@@ -209,19 +204,13 @@ class _ShardedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._zero_should_sync:
-            if self._zero_synchronized:
-                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
-                              "after optimizer.synchronize(); the gradients are reduced "
-                              "again. Wrap step() in `with optimizer.skip_synchronize():`.")
-            self.synchronize()
-        self._zero_synchronized = False
-        self._zero_loaded = None
+        self.reduce_unless_skipped()
+        self.loaded = None
         self.wait_for_parameters()
-        for bucket in self._zero_buckets:
+        for bucket in self.buckets:
             bucket.adopt()
             if bucket.optimizer is not None:
-                shard_grad = self._zero_shard_grad(bucket)
+                shard_grad = self.shard_grad(bucket)
                 inner_group = bucket.optimizer.param_groups[0]
                 for key, value in self.param_groups[bucket.group].items():
                     if key not in _NOT_HYPERPARAMETERS:
@@ -229,16 +218,15 @@ class _ShardedOptimizer:
                 bucket.shard.grad = shard_grad
                 bucket.optimizer.step()
                 bucket.shard.grad = None
-            if self._zero_stage == 2:
+            if self.stage == 2:
                 bucket.reduced = None
             # The shard is this rank's part of flat: gathered in place.
-            self._zero_gathering[bucket] = allgather_into_async(
+            self.gathering[bucket] = allgather_into_async(
                 bucket.shard, bucket.flat, name=bucket.gather_name,
-                process_set=self._zero_process_set)
-        if not self._zero_defer:
+                process_set=self.process_set)
+        if not self.defer:
             self.wait_for_parameters()
-        if self._zero_buffer_sync is not None:
-            self._zero_buffer_sync()
+        self.after_step()
         return loss
 
     def defer_parameter_gather(self, model: torch.nn.Module) -> None:
@@ -252,38 +240,35 @@ class _ShardedOptimizer:
         me = weakref.ref(self)
         handles = []
         for module in model.modules():
-            buckets = {self._zero_bucket_of[p] for p in module.parameters(recurse=False)
-                       if p in self._zero_bucket_of}
+            buckets = {self.bucket_of[p] for p in module.parameters(recurse=False)
+                       if p in self.bucket_of}
             if buckets:
                 def hook(module: Any, args: Any, buckets: set[_ShardedGroup] = buckets) -> None:
-                    optimizer = me()
-                    if optimizer is not None:
-                        optimizer._zero_wait(buckets)
+                    sync = me()
+                    if sync is not None:
+                        sync.wait(buckets)
                 handles.append(module.register_forward_pre_hook(hook))
         weakref.finalize(self, _remove, handles)
-        self._zero_defer = True
+        self.defer = True
 
     def wait_for_parameters(self) -> None:
         """Wait for the allgathers ``step()`` left running (``defer_parameter_gather``)."""
-        self._zero_wait(list(self._zero_gathering))
+        self.wait(list(self.gathering))
 
-    def _zero_wait(self, buckets: Any) -> None:
+    def wait(self, buckets: Any) -> None:
         for bucket in buckets:
-            handle = self._zero_gathering.pop(bucket, None)
+            handle = self.gathering.pop(bucket, None)
             if handle is not None:
                 mpi_ops.synchronize(handle)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """As torch's; stage 1's gradients are views of their bucket, zeroed in place
-        whatever ``set_to_none`` says (see DistributedOptimizer's)."""
-        if self._zero_reducer.pending_work():
-            raise AssertionError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(): gradient reductions are "
-                "pending (or accumulating for backward_passes_per_step), and zeroing now "
-                "would race with them. Call step() (or synchronize()) first.")
-        self._zero_reducer.zero_grad(set_to_none)
-        for bucket in self._zero_buckets:
+    def pending_work(self) -> bool:
+        return self.reducer.pending_work()
+
+    def zero_grad(self, set_to_none: bool, plain: Callable[[bool], None]) -> None:
+        """Stage 1's gradients are views of their bucket, zeroed in place whatever
+        ``set_to_none`` says (as the replicated optimizer's)."""
+        self.reducer.zero_grad(set_to_none)
+        for bucket in self.buckets:
             bucket.reduced = None
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -291,25 +276,25 @@ class _ShardedOptimizer:
         max_norm, as ``torch.nn.utils.clip_grad_norm_`` over every parameter would;
         returns that total norm. Collective: every rank calls it, after
         ``synchronize()`` and before ``step()`` (inside ``skip_synchronize()``)."""
-        if not self._zero_synchronized:
+        if not self.synchronized:
             raise RuntimeError("clip_grad_norm_() needs the reduced gradients: call "
                                "optimizer.synchronize() first, then step() inside "
                                "`with optimizer.skip_synchronize():`.")
         norm_type = float(norm_type)
-        shards = [self._zero_shard_grad(b) for b in self._zero_buckets if b.count]
+        shards = [self.shard_grad(b) for b in self.buckets if b.count]
         if norm_type == float("inf"):
             local = max((float(g.abs().max()) for g in shards if g.numel()), default=0.0)
             total = mpi_ops.allreduce(torch.tensor(local, dtype=torch.float64),
                                       name="zero.clip.max", op=ReduceOp.MAX,
-                                      process_set=self._zero_process_set)
+                                      process_set=self.process_set)
         else:
             local = sum((torch.linalg.vector_norm(g, norm_type, dtype=torch.float64)
                          ** norm_type for g in shards), torch.tensor(0.0, dtype=torch.float64))
             total = mpi_ops.allreduce(local, name="zero.clip.sum", op=ReduceOp.SUM,
-                                      process_set=self._zero_process_set) ** (1.0 / norm_type)
+                                      process_set=self.process_set) ** (1.0 / norm_type)
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         with torch.no_grad():
-            for bucket in self._zero_buckets:  # stage 1: param.grad too (views of it)
+            for bucket in self.buckets:  # stage 1: param.grad too (views of it)
                 if bucket.reduced is not None:
                     bucket.reduced.mul_(coefficient.to(bucket.reduced.dtype))
         return total
@@ -323,20 +308,20 @@ class _ShardedOptimizer:
         groups = []
         for group in self.param_groups:
             hyper = {k: v for k, v in group.items() if k not in _NOT_HYPERPARAMETERS}
-            groups.append(dict(hyper, params=[self._zero_index[p] for p in group["params"]]))
+            groups.append(dict(hyper, params=[self.index[p] for p in group["params"]]))
         state = {}
-        for bucket in self._zero_buckets:
+        for bucket in self.buckets:
             if bucket.optimizer is not None:
                 entries = bucket.optimizer.state_dict()["state"].get(0)
                 if entries:
                     state[bucket.index] = entries
-        layouts = [bucket_layout([self._zero_index[p] for p in b.params],
+        layouts = [bucket_layout([self.index[p] for p in b.params],
                                  [p.shape for p in b.params], b.start, b.count)
-                   for b in self._zero_buckets]
+                   for b in self.buckets]
         return {"state": state, "param_groups": groups,
-                SHARDED_KEY: {"world_size": self._zero_process_set.size(),
-                              "rank": self._zero_process_set.rank(),
-                              "stage": self._zero_stage, "buckets": layouts}}
+                SHARDED_KEY: {"world_size": self.process_set.size(),
+                              "rank": self.process_set.rank(),
+                              "stage": self.stage, "buckets": layouts}}
 
     def consolidate_state_dict(self, to: int | None = 0) -> dict[str, Any] | None:
         """The whole optimizer state in torch's plain format (what the wrapped optimizer
@@ -345,13 +330,13 @@ class _ShardedOptimizer:
         others. Collective. Peak memory: the whole state on ``to``, one rank's shards
         elsewhere."""
         mine = self.state_dict()
-        ranks = self._zero_process_set.ranks or list(range(self._zero_process_set.size()))
+        ranks = self.process_set.ranks or list(range(self.process_set.size()))
         gathered = []
         for index, world_rank in enumerate(ranks):
-            piece = broadcast_object(mine if index == self._zero_process_set.rank() else None,
+            piece = broadcast_object(mine if index == self.process_set.rank() else None,
                                      root_rank=world_rank,
                                      name=f"zero.consolidate.{index}",
-                                     process_set=self._zero_process_set)
+                                     process_set=self.process_set)
             if to is None or _world_rank() == to:
                 gathered.append(piece)
         return consolidate(gathered) if gathered else None
@@ -362,39 +347,39 @@ class _ShardedOptimizer:
         or the list of every rank's sharded ones (from any number of ranks). Local: each
         rank takes its shards. Abandons a step in progress, as DistributedOptimizer's."""
         self.wait_for_parameters()
-        self._zero_abandon_step()
+        self.abandon_step()
         if isinstance(state_dict, (list, tuple)):
             state_dict = consolidate(state_dict)
         meta = state_dict.get(SHARDED_KEY)
         if meta is None:
-            self._zero_load_consolidated(state_dict)
-            self._zero_loaded = state_dict
+            self.load_consolidated(state_dict)
+            self.loaded = state_dict
             return
-        layouts = [bucket_layout([self._zero_index[p] for p in b.params],
+        layouts = [bucket_layout([self.index[p] for p in b.params],
                                  [p.shape for p in b.params], b.start, b.count)
-                   for b in self._zero_buckets]
-        if meta["world_size"] != self._zero_process_set.size() or \
-                meta["rank"] != self._zero_process_set.rank() or meta["buckets"] != layouts:
+                   for b in self.buckets]
+        if meta["world_size"] != self.process_set.size() or \
+                meta["rank"] != self.process_set.rank() or meta["buckets"] != layouts:
             raise ValueError(
                 f"load_state_dict: this sharded state dict is rank {meta['rank']}'s of "
                 f"{meta['world_size']} ranks, with its own layout; on rank "
-                f"{self._zero_process_set.rank()} of {self._zero_process_set.size()} pass the "
+                f"{self.process_set.rank()} of {self.process_set.size()} pass the "
                 "list of every rank's sharded state dicts, or a consolidated one.")
-        self._zero_load_groups(state_dict["param_groups"])
-        for bucket in self._zero_buckets:
+        self.load_groups(state_dict["param_groups"])
+        for bucket in self.buckets:
             if bucket.optimizer is not None:
-                self._zero_load_shard(bucket, state_dict["state"].get(bucket.index, {}))
+                self.load_shard(bucket, state_dict["state"].get(bucket.index, {}))
 
-    def _zero_load_consolidated(self, state_dict: dict[str, Any]) -> None:
-        self._zero_load_groups(state_dict["param_groups"])
-        for bucket in self._zero_buckets:
+    def load_consolidated(self, state_dict: dict[str, Any]) -> None:
+        self.load_groups(state_dict["param_groups"])
+        for bucket in self.buckets:
             if bucket.optimizer is not None:
-                layout = bucket_layout([self._zero_index[p] for p in bucket.params],
+                layout = bucket_layout([self.index[p] for p in bucket.params],
                                        [p.shape for p in bucket.params], bucket.start,
                                        bucket.count)
-                self._zero_load_shard(bucket, shard_of(state_dict, layout, bucket.names))
+                self.load_shard(bucket, shard_of(state_dict, layout, bucket.names))
 
-    def _zero_load_groups(self, groups: list[dict[str, Any]]) -> None:
+    def load_groups(self, groups: list[dict[str, Any]]) -> None:
         if len(groups) != len(self.param_groups) or any(
                 len(g["params"]) != len(mine["params"])
                 for g, mine in zip(groups, self.param_groups)):
@@ -403,7 +388,7 @@ class _ShardedOptimizer:
         for mine, loaded in zip(self.param_groups, groups):
             mine.update({k: v for k, v in loaded.items() if k not in _NOT_HYPERPARAMETERS})
 
-    def _zero_load_shard(self, bucket: _ShardedGroup, entries: dict[str, Any]) -> None:
+    def load_shard(self, bucket: _ShardedGroup, entries: dict[str, Any]) -> None:
         inner = bucket.optimizer
         group = dict(inner.param_groups[0], **{
             k: v for k, v in self.param_groups[bucket.group].items()
@@ -413,54 +398,87 @@ class _ShardedOptimizer:
         inner.load_state_dict({"state": {0: entries} if entries else {},
                                "param_groups": [group]})
 
-    def _zero_broadcast_state(self, root_rank: int) -> None:
+    def broadcast_state(self, root_rank: int) -> bool:
         """``broadcast_optimizer_state`` for sharded state (collective). The shards are
         one state between them, so what root sends is its hyper-parameters, and the state
         it loaded from a consolidated dict since its last step (the usual resume: rank 0
         loads a checkpoint, then broadcasts), which every rank then loads its part of."""
         is_root = _world_rank() == root_rank
-        loaded = broadcast_object(self._zero_loaded if is_root else None, root_rank,
+        loaded = broadcast_object(self.loaded if is_root else None, root_rank,
                                   name="zero.broadcast_state.loaded",
-                                  process_set=self._zero_process_set)
+                                  process_set=self.process_set)
         if loaded is not None:
             if not is_root:
                 self.load_state_dict(loaded)
-            self._zero_loaded = None
-            return
+            self.loaded = None
+            return True
         groups = broadcast_object(
             [{k: v for k, v in g.items() if k not in _NOT_HYPERPARAMETERS}
              for g in self.param_groups] if is_root else None, root_rank,
-            name="zero.broadcast_state.groups", process_set=self._zero_process_set)
+            name="zero.broadcast_state.groups", process_set=self.process_set)
         if len(groups) != len(self.param_groups):
             raise ValueError(f"broadcast_optimizer_state: rank {root_rank} has {len(groups)} "
                              f"param groups, this rank {len(self.param_groups)}")
         for mine, theirs in zip(self.param_groups, groups):
             mine.update(theirs)
+        return True
 
     def shard_state_bytes(self) -> int:
         """Bytes of the tensors in this rank's optimizer state."""
-        return sum(v.numel() * v.element_size() for b in self._zero_buckets
+        return sum(v.numel() * v.element_size() for b in self.buckets
                    if b.optimizer is not None for entries in b.optimizer.state.values()
                    for v in entries.values() if isinstance(v, torch.Tensor))
 
     # -- gradient flow -----------------------------------------------------------------
-    def _zero_shard_grad(self, bucket: _ShardedGroup) -> torch.Tensor:
+    def shard_grad(self, bucket: _ShardedGroup) -> torch.Tensor:
         reduced = bucket.reduced
         if reduced is None:
             raise RuntimeError("the gradients were not reduced: call synchronize() first")
-        if self._zero_stage == 1:
+        if self.stage == 1:
             reduced = reduced[bucket.start:bucket.start + bucket.count]
         return reduced if reduced.dtype == bucket.shard.dtype else reduced.to(bucket.shard.dtype)
 
-    def _zero_abandon_step(self) -> None:
-        self._zero_reducer.abandon_step()
-        for bucket in self._zero_buckets:
+    def abandon_step(self) -> None:
+        self.reducer.abandon_step()
+        for bucket in self.buckets:
             bucket.reduced = None
-        self._zero_synchronized = False
+        self.synchronized = False
+
+class ShardedOptimizer(WrappedOptimizer):
+    """The sharded optimizer's own methods, beside the shared ones (WrappedOptimizer)."""
+
+    _horovodish: ShardedSync
+
+    def register_comm_hook(self, state: Any, hook: Callable[..., Any]) -> None:
+        raise ValueError("register_comm_hook does not apply with shard_optimizer_state=True: "
+                         "gradients are reduce-scattered, not allreduced. For fewer bytes "
+                         "use compression=hvd.Compression.fp16 or .bf16.")
+
+    def defer_parameter_gather(self, model: torch.nn.Module) -> None:
+        self._horovodish.defer_parameter_gather(model)
+
+    def wait_for_parameters(self) -> None:
+        self._horovodish.wait_for_parameters()
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        return self._horovodish.clip_grad_norm_(max_norm, norm_type)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._horovodish.state_dict()
+
+    def consolidate_state_dict(self, to: int | None = 0) -> dict[str, Any] | None:
+        return self._horovodish.consolidate_state_dict(to)
+
+    def load_state_dict(self, state_dict: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        self._horovodish.load_state_dict(state_dict)
+
+    def shard_state_bytes(self) -> int:
+        return self._horovodish.shard_state_bytes()
 
 
-_ShardedOptimizer.step.hooked = True  # type: ignore[attr-defined]
-_classes: dict[type, type] = {}
+for _method in ("defer_parameter_gather", "wait_for_parameters", "clip_grad_norm_",
+                "state_dict", "consolidate_state_dict", "load_state_dict", "shard_state_bytes"):
+    getattr(ShardedOptimizer, _method).__doc__ = getattr(ShardedSync, _method).__doc__
 
 
 def _world_rank() -> int:
@@ -505,10 +523,3 @@ class _ShardReduction:
         if self.stage == 1 and result is not bucket.flat:
             bucket.flat.copy_(result)
         self.buckets[bucket.index].reduced = result if self.stage == 2 else bucket.flat
-
-
-def sharded_class(base: type) -> type:
-    if base not in _classes:
-        _classes[base] = type(base.__name__, (_ShardedOptimizer, base),
-                              {"__module__": __name__, "_zero_base": base})
-    return _classes[base]

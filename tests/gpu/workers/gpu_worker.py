@@ -165,7 +165,7 @@ def distributed_optimizer_matches_one_process(rank: int, size: int) -> None:
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     in_flight: list[int] = []  # reductions submitted when the first layer's grad is made
-    model[0].weight.register_hook(lambda grad: in_flight.append(len(optimizer._hvd_reducer.pending)))
+    model[0].weight.register_hook(lambda grad: in_flight.append(len(optimizer._horovodish.reducer.pending)))
     shard = slice(8 * rank, 8 * (rank + 1))
     for _ in range(5):
         optimizer.zero_grad()

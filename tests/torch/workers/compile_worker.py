@@ -97,7 +97,7 @@ def overlap_with_compiled_backward(rank: int, size: int) -> None:
     for _ in range(5):
         opt.zero_grad()
         run(x).pow(2).mean().backward()
-        handles = [pending.wait for pending in opt._hvd_reducer.pending]
+        handles = [pending.wait for pending in opt._horovodish.reducer.pending]
         finished.append(sum(mpi_ops.poll(h) for h in handles))
         submitted.append(len(handles))
         opt.step()

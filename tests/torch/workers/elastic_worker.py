@@ -130,7 +130,7 @@ def failure_inside_step(rank: int, size: int, run: SimpleNamespace) -> None:
     def train(state: hvd.elastic.TorchState) -> int:
         attempts.append(state.step)
         first = len(attempts) == 1
-        optimizer._hvd_reducer.scale = (0.5, 2.0) if first and rank == 1 else (1.0, 1.0)
+        optimizer._horovodish.reducer.scale = (0.5, 2.0) if first and rank == 1 else (1.0, 1.0)
         for state.step in range(state.step, 3):
             optimizer.zero_grad()
             model(torch.full((2, 3), float(rank + 1))).sum().backward()

@@ -415,6 +415,42 @@ def parameter_names(rank: int, size: int) -> None:
         check(adasum._parameter_names == want, "Adasum _parameter_names")
 
 
+def one_runtime_attribute(rank: int, size: int) -> None:
+    """Whichever optimizer DistributedOptimizer builds (replicated, sharded, Adasum), it
+    adds one attribute of the runtime's to the user's optimizer, beside Horovod's
+    ``backward_passes_per_step`` and ``_parameter_names``; it is an instance of the
+    wrapped class, refuses to be wrapped again, and steps like plain torch."""
+    kinds = {"replicated": {}, "sharded": {"shard_optimizer_state": True},
+             "sharded stage 1": {"shard_optimizer_state": True, "zero_stage": 1}}
+    if size & (size - 1) == 0:
+        kinds["adasum"] = {"op": hvd.Adasum}
+    allowed = {"_horovodish", "backward_passes_per_step", "_parameter_names"}
+    for kind, options in kinds.items():
+        model, want = make_model(), make_model()
+        plain = torch.optim.SGD(model.parameters(), lr=0.1)
+        before = set(plain.__dict__)
+        opt = hvd.DistributedOptimizer(plain, named_parameters=model.named_parameters(),
+                                       **options)
+        added = set(opt.__dict__) - before
+        check(added <= allowed, f"{kind}: attributes added {sorted(added - allowed)}")
+        check(isinstance(opt, torch.optim.SGD), f"{kind}: not an SGD")
+        expect_error(lambda: hvd.DistributedOptimizer(opt), ValueError, "already a "
+                     "DistributedOptimizer", what=f"{kind}: wrapped twice")
+        want_opt = torch.optim.SGD(want.parameters(), lr=0.1)
+        x, y = batch(0)
+        opt.zero_grad()
+        F.mse_loss(model(shard(x)), shard(y)).backward()
+        opt.synchronize()
+        with opt.skip_synchronize():
+            opt.step()
+        want_opt.zero_grad()
+        (sum(F.mse_loss(want(shard(x, r)), shard(y, r)) for r in range(size))
+         / size).backward()
+        want_opt.step()
+        if kind != "adasum":  # its delta rule: adasum_optimizer_worker.py
+            same_weights(model, want, 1e-5, f"{kind}: one step")
+
+
 def untracked_parameters(rank: int, size: int) -> None:
     """A parameter frozen when the optimizer was wrapped and unfrozen later, or added with
     add_param_group: its gradient would not be reduced, so step() refuses, on every rank,
@@ -699,7 +735,7 @@ def overlap_with_backward(rank: int, size: int) -> None:
         for _ in range(4):
             opt.zero_grad()
             model(x).pow(2).mean().backward()
-            handles = [pending.wait for pending in opt._hvd_reducer.pending]
+            handles = [pending.wait for pending in opt._horovodish.reducer.pending]
             finished_early.append(sum(mpi_ops.poll(h) for h in handles))
             submitted.append(len(handles))
             opt.step()
@@ -812,7 +848,7 @@ def flat_bucket_views(rank: int, size: int) -> None:
         want_opt.step()
         if step == 0:
             continue
-        flats = [bucket.flat for bucket in opt._hvd_reducer.flat]
+        flats = [bucket.flat for bucket in opt._horovodish.reducer.flat]
         check(len(flats) == 4, f"expected a flat bucket per layer, got {len(flats)}")
         for name, param in model.named_parameters():
             check(any(param.grad.untyped_storage().data_ptr() == flat.data_ptr()
@@ -864,7 +900,7 @@ def reordered_backward(rank: int, size: int) -> None:
     same_weights(model, want, 1e-5, "model.zero_grad() instead of optimizer.zero_grad()")
     late = [s["buckets_at_synchronize"] for s in opt.negotiation_stats()]
     check(late[1:] == [0, 0, 0, 0], f"model.zero_grad(): buckets sent late {late}")
-    flats = [bucket.flat for bucket in opt._hvd_reducer.flat]
+    flats = [bucket.flat for bucket in opt._horovodish.reducer.flat]
     check(all(any(p.grad.untyped_storage().data_ptr() == f.data_ptr() for f in flats)
               for p in model.parameters()), "model.zero_grad(): gradients are no views")
 
@@ -900,7 +936,8 @@ def backward_twice_before_step(rank: int, size: int) -> None:
 CHECKS = [equivalence, gradient_identity, branch_on_one_rank, sparse, sparse_adam,
           sparse_on_some_ranks_in_the_first_step, join_before_the_first_step,
           parameter_order_differs_between_ranks, rebuilt_optimizer_on_one_rank, muon,
-          errors, parameter_names, untracked_parameters, broadcast_optimizer_state,
+          errors, parameter_names, one_runtime_attribute, untracked_parameters,
+          broadcast_optimizer_state,
           scheduler_built_before_wrapping, learned_order, learned_order_follows_use,
           overlap_with_backward, flat_bucket_views, changed_graph, reordered_backward,
           backward_twice_before_step]

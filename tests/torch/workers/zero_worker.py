@@ -126,8 +126,8 @@ def sharded_matches_replicated(rank: int, size: int) -> None:
         for cap in CAPS:
             sharded, opt = distributed(make_opt, STEPS, shard_optimizer_state=True,
                                        bucket_cap_mb=cap)
-            check(len(opt._zero_buckets) == (4 if cap == 0 else 2),
-                  f"{name}: {len(opt._zero_buckets)} buckets")
+            check(len(opt._horovodish.buckets) == (4 if cap == 0 else 2),
+                  f"{name}: {len(opt._horovodish.buckets)} buckets")
             same_weights(sharded, want, f"{name} sharded, bucket_cap_mb={cap}")
             same_weights(sharded, replicated, f"{name} sharded vs replicated, cap={cap}")
 
@@ -188,18 +188,18 @@ def state_memory(rank: int, size: int) -> None:
             net(x).sum().backward()
         optimizer.step()
     full = state_bytes(plain.state)
-    shards = sum(state_bytes(b.optimizer.state) for b in opt._zero_buckets
+    shards = sum(state_bytes(b.optimizer.state) for b in opt._horovodish.buckets
                  if b.optimizer is not None)
     check(shards == opt.shard_state_bytes(), "shard_state_bytes() counts the shards' state")
-    biggest = max(sum(b.numels) for b in opt._zero_buckets) * 4 * 2  # exp_avg, exp_avg_sq
+    biggest = max(sum(b.numels) for b in opt._horovodish.buckets) * 4 * 2  # exp_avg, exp_avg_sq
     sys.stdout.write(f"rank {rank}: optimizer state {shards} bytes, replicated {full} "
-                     f"({shards * size / full:.3f} x 1/{size}); {len(opt._zero_buckets)} "
+                     f"({shards * size / full:.3f} x 1/{size}); {len(opt._horovodish.buckets)} "
                      "buckets\n")
     check(abs(shards - full / size) <= 0.05 * full / size + biggest,
           f"state {shards} bytes, want {full / size:.0f} +- 5% + {biggest}")
     # Together the shards hold the elementwise state once; each its own scalar step.
     everyone = hvd.allreduce(torch.tensor(shards), op=hvd.Sum, name="zero.state_bytes")
-    check(full - 6 * 4 <= int(everyone) <= full - 6 * 4 + 4 * len(opt._zero_buckets) * size,
+    check(full - 6 * 4 <= int(everyone) <= full - 6 * 4 + 4 * len(opt._horovodish.buckets) * size,
           f"the shards hold the whole state once: {int(everyone)} bytes, plain {full}")
 
 
@@ -283,10 +283,10 @@ def overlap_and_storage(rank: int, size: int) -> None:
     for _ in range(4):
         opt.zero_grad()
         model(x).pow(2).mean().backward()
-        finished.append(sum(mpi_ops.poll(p.wait) for p in opt._zero_reducer.pending))
+        finished.append(sum(mpi_ops.poll(p.wait) for p in opt._horovodish.reducer.pending))
         opt.step()
     sys.stdout.write(f"rank {rank}: reduce-scatters done when backward returned: {finished} "
-                     f"of {len(opt._zero_buckets)}\n")
+                     f"of {len(opt._horovodish.buckets)}\n")
     check(max(finished) >= 1, f"no reduction finished during backward: {finished}")
     # .data replaced (a script that re-initialises a layer): the new values are trained
     with torch.no_grad():
@@ -295,7 +295,7 @@ def overlap_and_storage(rank: int, size: int) -> None:
     model(x).pow(2).mean().backward()
     opt.step()
     weight = model.layers[0].weight
-    bucket = opt._zero_bucket_of[weight]
+    bucket = opt._horovodish.bucket_of[weight]
     check(weight.data_ptr() == bucket.views[bucket.params.index(weight)].data_ptr(),
           "the parameter is back in its bucket")
     check(float((weight.detach() - 0.01).abs().max()) < 0.01,
@@ -318,16 +318,16 @@ def deferred_parameter_gather(rank: int, size: int) -> None:
         x, y = (mine(t) for t in batch(step))
         opt.zero_grad()
         out = model(x)
-        check(not opt._zero_gathering, f"step {step}: forward left gathers running")
+        check(not opt._horovodish.gathering, f"step {step}: forward left gathers running")
         F.mse_loss(out, y).backward()
         opt.step()
-        running.append(sum(not mpi_ops.poll(h) for h in opt._zero_gathering.values()))
+        running.append(sum(not mpi_ops.poll(h) for h in opt._horovodish.gathering.values()))
         if step == STEPS // 2:
             opt.state_dict()  # waits
-            check(not opt._zero_gathering, "state_dict() did not wait for the gathers")
+            check(not opt._horovodish.gathering, "state_dict() did not wait for the gathers")
     sys.stdout.write(f"rank {rank}: allgathers still running when step() returned: "
                      f"{running}\n")
-    check(len(opt._zero_gathering) == len(opt._zero_buckets), "step() waited for gathers")
+    check(len(opt._horovodish.gathering) == len(opt._horovodish.buckets), "step() waited for gathers")
     opt.wait_for_parameters()
     same_weights(model, want, "deferred parameter gather")
 
