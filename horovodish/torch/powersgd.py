@@ -18,7 +18,6 @@ and what an exact allreduce would have, from the first compressed step on.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 
