@@ -258,9 +258,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          f"{op.name.capitalize()}")
     if gradient_predivide_factor != 1.0 and op != ReduceOp.AVERAGE:
         raise ValueError("gradient_predivide_factor is only supported with op=Average")
-    if isinstance(optimizer, WrappedOptimizer):
-        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
-                         "torch optimizer once")
     names = _parameter_names(optimizer, named_parameters)
     if shard_optimizer_state:
         return _sharded_optimizer(optimizer, names, compression,
