@@ -1,7 +1,7 @@
-"""The other collectives users call through torch, in place and out of place, and through
+"""The collectives users call through torch, in place and out of place, and through
 TensorFlow, each next to MPI's own call on numpy buffers in the same run: broadcast,
 grouped allreduce, allgather, reducescatter and alltoall (every public path, not only
-allreduce). The first call at each size is timed apart (fresh tensors, a fresh name, and
+allreduce; the sweep, ``main``, adds torch's allreduce itself). The first call at each size is timed apart (fresh tensors, a fresh name, and
 for MPI fresh buffers): what a job pays once per size, page faults and setup included.
 
     horovodishrun -np 2 python -m horovodish.bench.collectives [--max-bytes N] [--record docs/records]
@@ -59,7 +59,7 @@ def _tensorflow_paths() -> dict[str, tuple[str, Factory]]:
             "reducescatter": ("tf reducescatter", reducescatter)}
 
 
-def _ops(comm: MPI.Comm, tensorflow: bool
+def _ops(comm: MPI.Comm, tensorflow: bool, with_allreduce: bool = False
          ) -> dict[str, tuple[Factory, list[tuple[str, Factory]]]]:
     import torch
 
@@ -95,6 +95,13 @@ def _ops(comm: MPI.Comm, tensorflow: bool
             return lambda: call(tensor, 0, name=name)
         return make
 
+    def allreduce(in_place: bool) -> Factory:
+        def make(nbytes: int, name: str) -> Contender:
+            tensor = torch.zeros(nbytes // 4)
+            call = hvd.allreduce_ if in_place else hvd.allreduce
+            return lambda: call(tensor, name=name, op=hvd.Sum)
+        return make
+
     def grouped(in_place: bool) -> Factory:
         def make(nbytes: int, name: str) -> Contender:
             tensors = [torch.zeros(max(1, nbytes // 4 // GROUP)) for _ in range(GROUP)]
@@ -112,7 +119,10 @@ def _ops(comm: MPI.Comm, tensorflow: bool
     def alltoall(nbytes: int, name: str) -> Contender:
         tensor = torch.zeros(nbytes // 4 // size * size)
         return lambda: hvd.alltoall(tensor, name=name)
-    ops = {
+    ops = {"allreduce": (mpi_allreduce, [("allreduce_", allreduce(True)),
+                                         ("allreduce", allreduce(False))])} \
+        if with_allreduce else {}
+    ops |= {
         "broadcast": (mpi_bcast, [("broadcast_", broadcast(True)),
                                   ("broadcast", broadcast(False))]),
         f"grouped allreduce of {GROUP}": (mpi_allreduce, [
@@ -128,14 +138,15 @@ def _ops(comm: MPI.Comm, tensorflow: bool
 
 
 def collectives(comm: MPI.Comm, sizes: list[int], rounds: int = 3,
-                tensorflow: bool = False) -> list[dict]:
+                tensorflow: bool = False, with_allreduce: bool = False) -> list[dict]:
     """Per op and size (bytes a rank sends: the allgather's input, the reducescatter's
     input, the group's total): seconds per call of each path and of MPI (medians over
     alternating rounds), each path's ratio to MPI (MPI's time over the path's), and,
     for ops with both forms, the in-place path's time over the out-of-place one's.
-    tensorflow: TensorFlow's calls too (every rank must say the same)."""
+    tensorflow: TensorFlow's calls too (every rank must say the same). with_allreduce:
+    torch's allreduce too, in place and out of place (the main bench times it apart)."""
     rows = []
-    for op, (baseline, paths) in _ops(comm, tensorflow).items():
+    for op, (baseline, paths) in _ops(comm, tensorflow, with_allreduce).items():
         for nbytes in sizes:
             first = {path: _first_call(make(nbytes, f"bench.first.{path}.{nbytes}"), comm)
                      for path, make in paths}
@@ -194,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()
     sizes = [s for s in SWEEP_SIZES if s <= args.max_bytes]
-    rows = collectives(comm, sizes, args.rounds)
+    rows = collectives(comm, sizes, args.rounds, with_allreduce=True)
     if comm.Get_rank() == 0:
         print_rows(rows)
         if args.record:

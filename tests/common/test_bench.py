@@ -158,6 +158,25 @@ def test_backends_bench_forces_each_backend_and_reports_ratios(tmp_path: Path):
         assert all(float(cell) > 0 for cell in row[-8::2]), row
 
 
+def test_collectives_sweep_times_every_collective_and_writes_a_record(tmp_path: Path):
+    """python -m horovodish.bench.collectives: allreduce in and out of place beside the
+    other collectives, each with its ratio to MPI and its first call apart, in a
+    record named by the number of ranks."""
+    run_bench_module(tmp_path, "collectives", ["--max-bytes", "4096", "--rounds", "1",
+                                               "--record", str(tmp_path)], timeout=300)
+    (path,) = tmp_path.glob("collectives-2-ranks-*.json")
+    figures = json.loads(path.read_text())["figures"]
+    rows = {row["op"]: row for row in figures["rows"]}
+    assert set(rows) == {"allreduce", "broadcast", "grouped allreduce of 8", "allgather",
+                         "reducescatter", "alltoall"}
+    assert set(rows["allreduce"]["paths"]) == {"allreduce_", "allreduce"}
+    for row in rows.values():
+        assert row["bytes"] == 4096 and row["mpi_s"] > 0
+        for name, values in row["paths"].items():
+            assert abs(values["ratio_to_mpi"] - row["mpi_s"] / values["seconds"]) < 1e-9
+            assert row["first_call_s"][name] > 0
+
+
 def test_phases_bench_accounts_for_the_whole_call(tmp_path: Path):
     """python -m horovodish.bench.phases: every phase has a figure, and the top-level
     phases add up to the measured total (the breakdown leaves nothing out)."""

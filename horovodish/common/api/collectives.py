@@ -201,10 +201,11 @@ def grouped_allgather_async(tensors: Sequence[np.ndarray],
     return _submit(entries, process_set, waited)
 
 
-def allgather_async(tensor: np.ndarray, allocate: Allocator, name: str, device: str = "cpu",
-                    process_set: ProcessSet | None = None, event: Any = None) -> Handle:
+def allgather_async(tensor: np.ndarray, allocate: Allocator | None, name: str,
+                    device: str = "cpu", process_set: ProcessSet | None = None,
+                    event: Any = None, waited: bool = False) -> Handle:
     return grouped_allgather_async([tensor], [allocate], [name], device, process_set,
-                                   event)[0]
+                                   event, waited)[0]
 
 
 def broadcast_async(tensor: np.ndarray, output: np.ndarray | None, root_rank: int, name: str,

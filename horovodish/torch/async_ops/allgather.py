@@ -12,10 +12,10 @@ from ...common.api.process_sets import ProcessSet, global_process_set
 from ...common.messages import RequestType
 from .. import tensor_views
 from ..tensor_views import as_numpy, check_tensor, device_class, empty_allocator, ready_event
-from .handle_table import register, then
+from .handle_table import OWNED, register, then
 from .op_names import names_for
 from .tensor_placement import (contiguous_for_core, core_device, core_view, on_callers_device,
-                               owned_results, takes_direct_path)
+                               owned_results, plain_array, takes_direct_path)
 
 
 # waited (keyword, beyond Horovod): the caller synchronizes at once (the blocking forms),
@@ -47,6 +47,11 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set, *,
                     waited: bool = False) -> int:
+    array = plain_array(tensor)
+    if array is not None:  # the short path: the result is a view of a runtime block
+        return register(core.allgather_async(array, None,
+                                             names_for(name, 1, "allgather", process_set)[0],
+                                             "cpu", process_set, waited=waited), OWNED)
     return then(grouped_allgather_async([tensor], name, process_set, waited=waited),
                 lambda gathered: gathered[0])
 

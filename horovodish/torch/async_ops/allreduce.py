@@ -24,7 +24,7 @@ from ..tensor_views import as_cuda_view, check_tensor, from_cuda_views, ready_ev
 from .handle_table import OWNED, OnDevice, register, synchronize
 from .op_names import names_for
 from .tensor_placement import (contiguous_for_core, core_device, core_view, owned_results,
-                               takes_direct_path, write_back)
+                               plain_array, takes_direct_path, write_back)
 
 _DTYPE_NAMES = {dtype: str(dtype)[len("torch."):] for dtype in tensor_views.SUPPORTED}
 
@@ -44,19 +44,6 @@ def _allreduce_on_device(tensor: torch.Tensor, in_place: bool, name: str | None,
         view, view if in_place else None, names_for(name, 1, "allreduce", process_set)[0],
         op, prescale_factor, postscale_factor, DEVICE_CUDA, process_set,
         ready_event(tensor)), OnDevice(tensor, in_place))
-
-
-def _plain_array(tensor: Any) -> np.ndarray | None:
-    """The numpy view of a tensor that needs no conversion (a contiguous CPU tensor of a
-    numpy dtype, outside autograd), else None: the single-tensor calls' short path."""
-    if isinstance(tensor, torch.Tensor) and tensor.is_cpu and not tensor.requires_grad \
-            and tensor.dtype in _NUMPY_DTYPES and tensor.is_contiguous():
-        return tensor.numpy()
-    return None
-
-
-_NUMPY_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-                           torch.float16, torch.float32, torch.float64, torch.bool})
 
 
 def _grouped_allreduce_async(tensors: Sequence[torch.Tensor],
@@ -126,7 +113,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
 def _allreduce_plain(array: np.ndarray, target: np.ndarray | None, result: Any,
                      name: str | Sequence[str] | None, op: ReduceOp, prescale_factor: float,
                      postscale_factor: float, process_set: ProcessSet) -> int:
-    """One tensor that _plain_array could view, straight to the core's single-tensor
+    """One tensor that plain_array could view, straight to the core's single-tensor
     submit (cheaper than the grouped path); the handle returns result (OWNED: the
     runtime's result, target None)."""
     return register(core.allreduce_async(
@@ -139,7 +126,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
     op = _resolve_op(average, op)
-    array = _plain_array(tensor)
+    array = plain_array(tensor)
     if array is not None:  # the result is the runtime's: no output to allocate or fill
         return _allreduce_plain(array, None, OWNED, name, op, prescale_factor,
                                 postscale_factor, process_set)
@@ -157,7 +144,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     op = _resolve_op(average, op)
-    array = _plain_array(tensor)
+    array = plain_array(tensor)
     if array is not None:
         return _allreduce_plain(array, array, tensor, name, op, prescale_factor,
                                 postscale_factor, process_set)
@@ -217,7 +204,7 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     op = _resolve_op(average, op)
-    array = _plain_array(tensor)
+    array = plain_array(tensor)
     if array is not None:  # waited on at once: no handle to register
         _allreduce_now(array, array, name, op, prescale_factor, postscale_factor, process_set)
         return tensor
@@ -228,10 +215,10 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
 def allreduce_plain_now(tensor: torch.Tensor, name: str | None, op: ReduceOp,
                         prescale_factor: float, postscale_factor: float,
                         process_set: ProcessSet) -> torch.Tensor | None:
-    """The blocking out-of-place allreduce of a tensor _plain_array can view, as a view
+    """The blocking out-of-place allreduce of a tensor plain_array can view, as a view
     of the runtime's result block; None for any other tensor (then take the general
     path). Per-call Python is most of a small allreduce's time: this skips the handle."""
-    array = _plain_array(tensor)
+    array = plain_array(tensor)
     if array is None:
         return None
     return torch.from_numpy(_allreduce_now(array, None, name, op, prescale_factor,

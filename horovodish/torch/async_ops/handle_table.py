@@ -45,8 +45,12 @@ def _issued() -> int:
 
 def take(handle: int) -> tuple[list[Handle], Callable[[list[Any]], Any]]:
     """Unregister handle and return its core handles and finish, to build another
-    operation from them (sparse allreduce combines two allgathers)."""
-    return _handles.pop(handle)
+    operation from them (sparse allreduce combines two allgathers); a short path's
+    single core handle comes back as a list of one, like any other."""
+    handles, finish = _handles.pop(handle)
+    if type(handles) is list:
+        return handles, finish
+    return [handles], lambda results, _core=handles: _short_finish(_core, finish, results[0])
 
 
 def _unknown(handle: int) -> ValueError:
@@ -74,12 +78,7 @@ def synchronize(handle: int) -> Any:
     handles, finish = registered
     try:
         if type(handles) is not list:  # a short path's (core handle, tensor or OWNED)
-            result = handles.wait()
-            if finish is OWNED:
-                return torch.from_numpy(result)
-            if type(finish) is OnDevice:
-                return finish.complete(handles, result)
-            return finish
+            return _short_finish(handles, finish, handles.wait())
         results = [h.wait() for h in handles]
         # CUDA views (the NCCL path): entries carry completion events; other handles
         # (plain Handle objects, in tests) have none.
@@ -90,7 +89,17 @@ def synchronize(handle: int) -> Any:
         _handles.pop(handle, None)
 
 
-# The short path's finish for an out-of-place allreduce: the result is the runtime's
+def _short_finish(handle: Handle, finish: Any, result: Any) -> Any:
+    """What a short path's handle returns: the runtime's result as a tensor (OWNED),
+    a CUDA result once the caller's stream waits for it, or the caller's own tensor."""
+    if finish is OWNED:
+        return torch.from_numpy(result)
+    if type(finish) is OnDevice:
+        return finish.complete(handle, result)
+    return finish
+
+
+# The short paths' finish for an out-of-place result: the result is the runtime's
 # (a view of a result block, reused once the caller drops it), made a tensor at synchronize.
 OWNED = object()
 

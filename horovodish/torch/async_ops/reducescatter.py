@@ -10,10 +10,10 @@ from ...common.api import collectives as core
 from ...common.api.process_sets import ProcessSet, global_process_set
 from ...common.messages import Average, ReduceOp, RequestType
 from ..tensor_views import as_numpy, check_tensor, ready_event
-from .handle_table import register, then
+from .handle_table import OWNED, register, then
 from .op_names import names_for
 from .tensor_placement import (contiguous_for_core, core_device, core_view, on_callers_device,
-                               owned_results, takes_direct_path)
+                               owned_results, plain_array, takes_direct_path)
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -52,6 +52,11 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
                         process_set: ProcessSet = global_process_set,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
                         waited: bool = False) -> int:
+    array = plain_array(tensor)
+    if array is not None:  # the short path: the result is a view of a runtime block
+        return register(core.grouped_reducescatter_async(
+            [array], [None], names_for(name, 1, "reducescatter", process_set), op,
+            prescale_factor, postscale_factor, "cpu", process_set, waited=waited)[0], OWNED)
     return then(grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor,
                                             postscale_factor, waited=waited),
                 lambda scattered: scattered[0])

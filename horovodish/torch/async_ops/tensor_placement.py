@@ -18,6 +18,22 @@ from .. import tensor_views
 from ..tensor_views import as_cuda_view, as_numpy, device_class, from_numpy, on_device
 
 
+# The dtypes a CPU tensor's numpy view has as they are (bfloat16 needs a conversion).
+_NUMPY_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                           torch.float16, torch.float32, torch.float64, torch.bool})
+
+
+def plain_array(tensor: Any) -> np.ndarray | None:
+    """The numpy view of a tensor that needs no conversion (a contiguous CPU tensor of a
+    numpy dtype, outside autograd), else None: the single-tensor calls' short path,
+    which skips the grouped path's lists and closures (per-call Python is most of a
+    small collective's time)."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_cpu and not tensor.requires_grad \
+            and tensor.dtype in _NUMPY_DTYPES and tensor.is_contiguous():
+        return tensor.numpy()
+    return None
+
+
 def takes_direct_path(tensors: Sequence[torch.Tensor], kind: RequestType,
                       op: ReduceOp | None = None) -> bool:
     """Whether this call takes the NCCL path (a CPU tensor costs one attribute read)."""

@@ -277,6 +277,51 @@ def runtime_owned_results(rank: int, size: int) -> None:
               f"{name}: a dropped result's block was not reused")
 
 
+def held_results_of_every_collective(rank: int, size: int) -> None:
+    """Out-of-place results of broadcast, allgather, reducescatter and alltoall come from
+    memory the runtime reuses: a result the caller still holds is never written by a
+    later call of the same size, and a dropped one's memory serves the next call (from
+    1 MiB: a fresh result would fault its pages in every call). Sizes: a small array,
+    one past the prefault size, and 4 MiB, each checked against numpy on every rank."""
+    rows_per_rank = [256, 1 << 16 | 8, 1 << 20]
+
+    def inputs(tag: str, count: int) -> list[torch.Tensor]:
+        return [data(r, f"held.{tag}.{count}", (count,), torch.float32) for r in range(size)]
+
+    def calls(count: int):
+        rows = count // size * size
+        split = [rows // size] * size
+        return {
+            "broadcast": (lambda t, n: hvd.broadcast(t, size - 1, name=n),
+                          lambda ins: ref_np(ins[size - 1])),
+            "allgather": (lambda t, n: hvd.allgather(t, name=n),
+                          lambda ins: np.concatenate([ref_np(t) for t in ins])),
+            "reducescatter": (lambda t, n: hvd.reducescatter(t[:rows], op=hvd.Sum, name=n),
+                              lambda ins: sum(ref_np(t[:rows]) for t in ins)[
+                                  rank * split[0]:(rank + 1) * split[0]]),
+            "alltoall": (lambda t, n: hvd.alltoall(t[:rows], name=n),
+                         lambda ins: np.concatenate([ref_np(t[:rows])[
+                             rank * split[0]:(rank + 1) * split[0]] for t in ins])),
+        }
+
+    for count in rows_per_rank:
+        for op, (call, want) in calls(count).items():
+            name = f"held.{op}.{count}"
+            first_in, second_in, third_in = (inputs(tag, count) for tag in "abc")
+            first = call(first_in[rank], name)
+            second = call(second_in[rank], name)
+            same(first, want(first_in), f"{name}: the first result, held across a call")
+            same(second, want(second_in), f"{name}: the second result")
+            pointer = second.data_ptr()
+            del second
+            third = call(third_in[rank], name)
+            same(third, want(third_in), f"{name}: the third result")
+            same(first, want(first_in), f"{name}: the first result, held across two calls")
+            check(count < 1 << 20 or third.data_ptr() == pointer or
+                  bool(os.environ.get("STAGE_THROUGH_HOST")),
+                  f"{name}: a dropped result's memory did not serve the next call")
+
+
 def out_of_order_and_burst(rank: int, size: int) -> None:
     names = [f"ooo.{i}" for i in range(40)]
     order = names if rank % 2 == 0 else list(reversed(names))
@@ -492,7 +537,8 @@ def shutdown_with_work_in_flight(rank: int, size: int) -> None:
 
 if __name__ == "__main__":
     checks = [topology, allreduce, allgather, broadcast, alltoall, reducescatter,
-              runtime_owned_results, out_of_order_and_burst, join_and_barrier, errors, sparse,
+              runtime_owned_results, held_results_of_every_collective,
+              out_of_order_and_burst, join_and_barrier, errors, sparse,
               optimizer_steps, *staging_checks()]
     hvd.init()
     hvd.init()  # twice is harmless
