@@ -261,7 +261,7 @@ def alltoall(tensor: torch.Tensor, splits: Any, name: str | None,
              process_set: ProcessSet) -> Any:
     if not _wants_grad(tensor):
         return async_ops.synchronize(async_ops.alltoall_async(tensor, splits, name,
-                                                              process_set))
+                                                              process_set, waited=True))
     split_list = None
     if splits is not None:
         split_list = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor)

@@ -226,9 +226,12 @@ def broadcast_async(tensor: np.ndarray, output: np.ndarray | None, root_rank: in
     return _submit([entry], process_set, waited)[0]
 
 
-def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | None, allocate: Allocator,
-                   name: str, device: str = "cpu",
-                   process_set: ProcessSet | None = None, event: Any = None) -> Handle:
+def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | None,
+                   allocate: Allocator | None, name: str, device: str = "cpu",
+                   process_set: ProcessSet | None = None, event: Any = None,
+                   waited: bool = False) -> Handle:
+    """allocate None: the result is a view of a runtime-owned block (host memory). The
+    handle returns (output, the rows received from each rank)."""
     process_set = resolve(process_set)
     size = process_set.size()
     _require_first_dim(tensor, "alltoall", name)
@@ -249,7 +252,7 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | None, allocate: A
     request = _request(RequestType.ALLTOALL, name, tensor, device, splits=split_tuple)
     entry = Entry(request, tensor, process_set.runtime.completions, allocate=allocate,
                   event=event)
-    return _submit([entry], process_set)[0]
+    return _submit([entry], process_set, waited)[0]
 
 
 def reducescatter_shape(shape: Sequence[int], rank: int, size: int) -> tuple[int, ...]:

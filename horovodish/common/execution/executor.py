@@ -341,7 +341,7 @@ class Executor:
         row_shape = tuple(entry.tensor.shape[1:])
         row = prod(row_shape)
         received = [splits[src][self.rank] for src in range(self.size)]
-        out = entry.allocate((sum(received),) + row_shape)
+        out = self._output_of(entry.allocate, response, (sum(received),) + row_shape)
         backend = self._backend(RequestType.ALLTOALL, response, entry.tensor.nbytes)
         self._phase(f"{backend.name.upper()}_ALLTOALL")
         first = splits[0][0] if splits and splits[0] else 0
