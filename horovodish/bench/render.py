@@ -387,7 +387,7 @@ def _collectives(record: dict[str, Any]) -> str:
                     for n in sizes)])
     return (_source(record) + f"\n{f['ranks']} ranks, float32, median of {f['rounds']} "
             "alternating rounds. Each cell: MPI's call on numpy buffers (mpi4py, into a "
-            "preallocated buffer) over the path's time, above 1 faster; in brackets the "
+            "preallocated buffer, every page written) over the path's time, above 1 faster; in brackets the "
             "path's first call at that size (fresh tensor, fresh name) over its later "
             "calls.\n\n" + _table(["op: path", *map(_size, sizes)], table))
 
