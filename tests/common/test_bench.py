@@ -62,8 +62,15 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     for row in others:
         assert row["bytes"] == 4 << 10 and row["mpi_s"] > 0
         # Each path's first call at the size, and MPI's, timed apart.
-        assert set(row["first_call_s"]) == set(row["paths"]) | {"MPI"}
+        # ... and MPI's out-of-place call that allocates its output, the baseline of the
+        # out-of-place paths' first calls.
+        assert set(row["first_call_s"]) == set(row["paths"]) | {"MPI", "MPI, fresh output"}
         assert all(v > 0 for v in row["first_call_s"].values())
+        out_of_place = [path for path in row["paths"] if not path.endswith("_")]
+        assert list(row["first_over_mpi_fresh"]) == out_of_place, row
+        for path in out_of_place:
+            assert abs(row["first_over_mpi_fresh"][path] - row["first_call_s"][path]
+                       / row["first_call_s"]["MPI, fresh output"]) < 1e-9
         for path, values in row["paths"].items():
             assert abs(row["first_over_later"][path]
                        - row["first_call_s"][path] / values["seconds"]) < 1e-9
@@ -175,6 +182,9 @@ def test_collectives_sweep_times_every_collective_and_writes_a_record(tmp_path: 
         for name, values in row["paths"].items():
             assert abs(values["ratio_to_mpi"] - row["mpi_s"] / values["seconds"]) < 1e-9
             assert row["first_call_s"][name] > 0
+        assert row["first_call_s"]["MPI, fresh output"] > 0
+        assert set(row["first_over_mpi_fresh"]) == \
+            {name for name in row["paths"] if not name.endswith("_")}
 
 
 def test_phases_bench_accounts_for_the_whole_call(tmp_path: Path):

@@ -72,6 +72,31 @@ def test_a_gpu_run_against_ddp_renders_its_table(tmp_path: Path):
     assert "| 4096 | 60.0 | 40.0 | 1.50× | 1.80× |" in text, text
 
 
+def test_the_collectives_sweep_renders_first_calls_against_mpi_allocating_its_output(
+        tmp_path: Path):
+    """Each path's ratio to MPI with its first call over its later ones; then, for the
+    out-of-place paths, their first call over MPI's first call into a fresh output. A
+    record from before that baseline renders without the second table."""
+    row = {"op": "allgather", "bytes": 1 << 20, "mpi_s": 2e-3,
+           "paths": {"allgather": {"seconds": 1e-3, "ratio_to_mpi": 2.0}},
+           "first_call_s": {"allgather": 4e-3, "MPI": 3e-3, "MPI, fresh output": 8e-3},
+           "first_over_later": {"allgather": 4.0, "MPI": 1.5},
+           "first_over_mpi_fresh": {"allgather": 0.5}}
+    records.write(tmp_path, "collectives-2-ranks", {"ranks": 2, "rounds": 3, "rows": [row]},
+                  "horovodishrun -np 2 python -m horovodish.bench.collectives")
+    block = "<!-- records:collectives-2-ranks -->\n<!-- /records:collectives-2-ranks -->\n"
+    text = render.render_text(block, tmp_path)
+    assert "| allgather: allgather | 2.00 (4.0x) |" in text, text
+    assert "| MPI's own first call over its later ones (median over ops) | (1.5x) |" in text
+    assert "allocates its output" in text and text.count("| allgather: allgather |") == 2, text
+    assert "| allgather: allgather | 0.50 |" in text, text
+    del row["first_over_mpi_fresh"]
+    older = tmp_path / "older"
+    records.write(older, "collectives-2-ranks", {"ranks": 2, "rounds": 3, "rows": [row]}, "x")
+    text = render.render_text(block, older)
+    assert text.count("| allgather: allgather |") == 1 and "allocates its output" not in text, text
+
+
 def test_bench_runs_at_each_size_keep_their_kind_and_sum_up_by_rank_count(tmp_path: Path):
     """A 1-rank run is a record of its own kind (the 2-rank tables stay the reference
     run's); the history block lists every run, and the median and range of the newest

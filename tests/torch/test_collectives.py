@@ -9,7 +9,8 @@ from multirank import assert_ranks_ok, run_ranks
 
 WORKER = Path(__file__).parent / "workers" / "collectives_worker.py"
 CHECKS = ["topology", "allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
-          "runtime_owned_results", "held_results_of_every_collective",
+          "runtime_owned_results", "large_tensors_in_a_group",
+          "held_results_of_every_collective",
           "out_of_order_and_burst", "join_and_barrier", "errors", "sparse", "optimizer_steps"]
 
 

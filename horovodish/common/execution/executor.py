@@ -120,10 +120,57 @@ class Executor:
         backend = self.operations.choose(RequestType.ALLREDUCE, first.dtype,
                                          sum(counts) * dtype.itemsize, len(group), op,
                                          first.device)
-        # The collectives must be the same on every rank, so pieces follow from the group
-        # alone, never from rank-local facts (whether this rank owns results, has joined).
-        pieces = self._pieces(counts, dtype.itemsize, backend, first, op)
-        return backend.allreduce_group(self._allreduce_group(group, mine, pieces))
+        # The collectives must be the same on every rank, so runs and pieces follow from
+        # the group alone, never from rank-local facts (whether this rank owns results,
+        # has joined).
+        runs = self._runs(counts, dtype.itemsize, backend, first, op)
+        if len(runs) == 1:
+            pieces = self._pieces(counts, dtype.itemsize, backend, first, op)
+            return backend.allreduce_group(self._allreduce_group(group, mine, pieces))
+        results, failure = [], None
+        for start, end, run_backend in runs:  # a failed run must not skip a later one
+            part, entries = group[start:end], mine[start:end]
+            pieces = self._pieces(counts[start:end], dtype.itemsize, run_backend, first, op)
+            try:
+                results.extend(run_backend.allreduce_group(
+                    self._allreduce_group(part, entries, pieces)))
+            except Exception as exc:
+                failure = failure or exc
+                results.extend([None] * (end - start))
+        if failure is not None:
+            raise failure
+        return results
+
+    def _runs(self, counts: list[int], itemsize: int, backend, first: Response,
+              op: ReduceOp) -> list[tuple[int, int, object]]:
+        """A host group cut where a tensor would go to another backend alone than the
+        group goes to: each such tensor reduces by itself there, in its own output (no
+        pack, no copy out), the tensors between them stay fused. A group of large
+        tensors on shared memory goes tensor by tensor to the ring, which moves fewer
+        bytes (8 x 32 MiB on 2 ranks: about half the time). (start, end, backend)."""
+        if len(counts) < 2 or first.device == DEVICE_CUDA:
+            return [(0, len(counts), backend)]
+        runs: list[tuple[int, int, object]] = []
+        start = 0
+        for index, count in enumerate(counts):
+            alone = self.operations.choose(RequestType.ALLREDUCE, first.dtype,
+                                           count * itemsize, 1, op, first.device)
+            if alone is backend:
+                continue
+            if index > start:
+                runs.append((start, index, self._chosen(counts[start:index], itemsize,
+                                                        first, op)))
+            runs.append((index, index + 1, alone))
+            start = index + 1
+        if not runs:
+            return [(0, len(counts), backend)]
+        if start < len(counts):
+            runs.append((start, len(counts), self._chosen(counts[start:], itemsize, first, op)))
+        return runs
+
+    def _chosen(self, counts: list[int], itemsize: int, first: Response, op: ReduceOp):
+        return self.operations.choose(RequestType.ALLREDUCE, first.dtype,
+                                      sum(counts) * itemsize, len(counts), op, first.device)
 
     def _allreduce_alone(self, spec: AllreduceGroup) -> list:
         """One rank: every reduction of one input is that input, so what is left is the

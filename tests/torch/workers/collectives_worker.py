@@ -277,6 +277,36 @@ def runtime_owned_results(rank: int, size: int) -> None:
               f"{name}: a dropped result's block was not reused")
 
 
+def large_tensors_in_a_group(rank: int, size: int) -> None:
+    """A group of small tensors and tensors large enough to leave it (from 4 MiB a tensor
+    goes to the ring alone, and on one host a group goes to shared memory): out of place,
+    in place and into runtime-owned blocks, float32 Average with scaling and int32
+    Average, each tensor against numpy. Results in the wrong order, a run skipped or
+    reduced twice all show here."""
+    from horovodish.torch import mpi_ops
+    shapes = [(1000,), (1_500_000,), (3, 1000), (5,), (1_200_000,), (1_100_000,), (77,)]
+    for dtype, op, pre, post in ((torch.float32, hvd.Average, 0.5, 3.0),
+                                 (torch.int32, hvd.Average, 1.0, 1.0)):
+        names = [f"big.group.{dtype}.{i}" for i in range(len(shapes))]
+        inputs = [[data(r, n, shape, dtype) for n, shape in zip(names, shapes)]
+                  for r in range(size)]
+        wants = [allreduce_reference([inputs[r][i] for r in range(size)], op, pre, post,
+                                     dtype, size) for i in range(len(shapes))]
+        out = hvd.grouped_allreduce(inputs[rank], name=f"big.group.{dtype}", op=op,
+                                    prescale_factor=pre, postscale_factor=post)
+        mine = [t.clone() for t in inputs[rank]]
+        hvd.grouped_allreduce_(mine, name=f"big.group.{dtype}.inplace", op=op,
+                               prescale_factor=pre, postscale_factor=post)
+        owned = mpi_ops.synchronize(mpi_ops.grouped_allreduce_into_runtime_async(
+            inputs[rank], name=[n + ".owned" for n in names], op=op, prescale_factor=pre,
+            postscale_factor=post))
+        for i, want in enumerate(wants):
+            same(out[i], want, f"{names[i]} out of place")
+            same(mine[i], want, f"{names[i]} in place")
+            same(owned[i], want, f"{names[i]} runtime-owned")
+            check(tuple(out[i].shape) == shapes[i], f"{names[i]}: shape {tuple(out[i].shape)}")
+
+
 def held_results_of_every_collective(rank: int, size: int) -> None:
     """Out-of-place results of broadcast, allgather, reducescatter and alltoall come from
     memory the runtime reuses: a result the caller still holds is never written by a
@@ -537,7 +567,8 @@ def shutdown_with_work_in_flight(rank: int, size: int) -> None:
 
 if __name__ == "__main__":
     checks = [topology, allreduce, allgather, broadcast, alltoall, reducescatter,
-              runtime_owned_results, held_results_of_every_collective,
+              runtime_owned_results, large_tensors_in_a_group,
+              held_results_of_every_collective,
               out_of_order_and_burst, join_and_barrier, errors, sparse,
               optimizer_steps, *staging_checks()]
     hvd.init()
