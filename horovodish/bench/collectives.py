@@ -5,7 +5,8 @@ allreduce; the sweep, ``main``, adds torch's allreduce itself), every buffer wri
 before it is timed. The first call at each size is timed apart (fresh tensors, a fresh
 name, and for MPI fresh buffers): what a job pays once per size, page faults and setup
 included; beside it MPI's out-of-place call that allocates its output in the call, the
-first-call baseline for the out-of-place paths.
+first-call baseline for the out-of-place paths. Each of those first calls comes right
+after the rank wrote and freed memory of the output's size (``_recycle``).
 
     horovodishrun -np 2 python -m horovodish.bench.collectives [--max-bytes N] [--record docs/records]
 """
@@ -153,9 +154,7 @@ def _ops(comm: MPI.Comm, tensorflow: bool, with_allreduce: bool = False
 def _fresh_outputs(comm: MPI.Comm) -> dict[str, Factory]:
     """op -> MPI's out-of-place call that allocates its output as it goes (np.empty), as
     a user of mpi4py at a new size would: the first call of an out-of-place path pays
-    for fresh memory too, and on a VM whose host hands memory out at first touch that
-    alone can be most of it (a 512 MiB output: 1.1-1.6 s against 0.05 s for memory the
-    VM already had, 2-core x86 VM)."""
+    for fresh memory too (see _recycle)."""
     size = comm.Get_size()
 
     def allreduce(nbytes: int, name: str) -> Contender:
@@ -195,12 +194,18 @@ def collectives(comm: MPI.Comm, sizes: list[int], rounds: int = 3,
     torch's allreduce too, in place and out of place (the main bench times it apart)."""
     rows = []
     fresh = _fresh_outputs(comm)
+    size = comm.Get_size()
     for op, (baseline, paths) in _ops(comm, tensorflow, with_allreduce).items():
         for nbytes in sizes:
-            first = {path: _first_call(make(nbytes, f"bench.first.{path}.{nbytes}"), comm)
-                     for path, make in paths}
+            first = {}
+            for path, make in paths:
+                call = make(nbytes, f"bench.first.{path}.{nbytes}")
+                _recycle(size * nbytes)
+                first[path] = _first_call(call, comm)
             first["MPI"] = _first_call(baseline(nbytes, ""), comm)
-            first[FRESH] = _first_call(fresh[op](nbytes, ""), comm)
+            call = fresh[op](nbytes, "")
+            _recycle(size * nbytes)
+            first[FRESH] = _first_call(call, comm)
             contenders = {path: make(nbytes, f"bench.{path}.{nbytes}")
                           for path, make in paths}
             contenders["MPI"] = baseline(nbytes, "")
@@ -223,6 +228,19 @@ def collectives(comm: MPI.Comm, sizes: list[int], rounds: int = 3,
                     seconds[in_place[0]] / seconds[out_of_place]
             rows.append(row)
     return rows
+
+
+def _recycle(nbytes: int) -> None:
+    """Write and free nbytes, so that a first call after it finds as much memory that
+    this VM has just used, whatever ran before it. The first calls then compare setup,
+    not where the kernel's free memory came from: on a VM whose host takes back memory
+    freed for about 2 s (free page reporting), faulting in 512 MiB took 1.1-1.4 s fresh,
+    0.06 s right after a free, 0.6-1.0 s 2-8 s after one (2-core x86 VM), and a call
+    after another's frees would look 10-20x faster than one without."""
+    if nbytes >= 1 << 20:
+        scratch = np.empty(nbytes, np.uint8)
+        scratch[::4096] = 1
+        del scratch
 
 
 def _first_call(call: Contender, comm: MPI.Comm) -> float:

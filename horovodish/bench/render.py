@@ -397,8 +397,9 @@ def _collectives(record: dict[str, Any]) -> str:
     if fresh:
         text += ("\nFirst calls of the out-of-place paths over the first call of MPI's "
                  "out-of-place form that allocates its output in the call (np.empty, as "
-                 "a user of mpi4py at a new size): below 1 faster. From 16 MiB both are "
-                 "mostly fresh memory's page faults.\n\n"
+                 "a user of mpi4py at a new size): below 1 faster. Each comes right after "
+                 "the rank wrote and freed memory of the output's size, so both find "
+                 "memory this machine has just used.\n\n"
                  + _table(["op: path", *map(_size, sizes)],
                           [[name, *(by_size.get(n, "-") for n in sizes)]
                            for name, by_size in fresh.items()]))
