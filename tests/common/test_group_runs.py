@@ -2,7 +2,8 @@
 tensor that would go to another backend alone than the group goes to reduces alone
 there, the tensors between such tensors stay fused. Pure logic, on one process: two
 fake host backends stand for shared memory (fused groups at any size, single tensors
-below 4 MiB) and the ring (single tensors from 4 MiB), and a fake transport stands for
+from 64 KiB to 4 MiB), the ring (single tensors from 4 MiB) and MPI (the rest), and a
+fake transport stands for
 a second rank that holds the same values (the sum is twice the input). The results go
 through the real fusion-buffer, single-tensor and result-block paths."""
 from __future__ import annotations
@@ -18,6 +19,7 @@ from horovodish.common.handles import Completions
 from horovodish.common.messages import ReduceOp, Request, RequestType, Response
 
 SINGLE_BELOW = 4 << 20
+SHM_FROM = 64 << 10  # smaller single tensors go to MPI
 SIZE = 2
 
 
@@ -41,9 +43,11 @@ class TwoRanksAlike(Backend):
 
 
 def _executor():
-    shm = TwoRanksAlike("shm", lambda nbytes, tensors: tensors > 1 or nbytes < SINGLE_BELOW)
+    shm = TwoRanksAlike("shm", lambda nbytes, tensors: tensors > 1 or
+                        SHM_FROM <= nbytes < SINGLE_BELOW)
     ring = TwoRanksAlike("ring", lambda nbytes, tensors: nbytes >= SINGLE_BELOW)
-    return Executor(OperationManager([shm, ring]), 0, SIZE), shm, ring
+    mpi = TwoRanksAlike("mpi", lambda nbytes, tensors: True)
+    return Executor(OperationManager([shm, ring, mpi]), 0, SIZE), shm, ring, mpi
 
 
 # Elements per tensor: small ones between large ones (float32: 1.5M elements is 6 MiB).
@@ -73,7 +77,7 @@ def _results(entries):
 
 @pytest.mark.parametrize("form", ["out", "in", "owned"])
 def test_large_tensors_leave_the_group_and_reduce_alone(form):
-    executor, shm, ring = _executor()
+    executor, shm, ring, mpi = _executor()
     rng = np.random.default_rng(3)
     inputs = [rng.uniform(-2, 2, n).astype(np.float32) for n in COUNTS]
     want = [x.astype(np.float64) * 0.5 * SIZE * 3.0 for x in inputs]
@@ -84,11 +88,12 @@ def test_large_tensors_leave_the_group_and_reduce_alone(form):
         np.testing.assert_allclose(got, expected, rtol=1e-6, err_msg=f"tensor {i} ({form})")
     # The large ones alone on the ring, in order; the runs between them fused on shm.
     assert ring.reduced == [1_500_000, 1_200_000, 1_100_000]
-    assert shm.reduced == [1000, 3000 + 5, 77]
+    # The runs between them: two fused on shared memory, one tensor alone as one goes.
+    assert shm.reduced == [3000 + 5] and mpi.reduced == [1000, 77]
 
 
 def test_integer_average_divides_each_run():
-    executor, shm, ring = _executor()
+    executor, shm, ring, mpi = _executor()
     counts = [10, 1_100_000, 9]
     inputs = [np.arange(n, dtype=np.int32) % 97 - 40 for n in counts]
     group = _group(counts, "int32", ReduceOp.AVERAGE)
@@ -96,31 +101,34 @@ def test_integer_average_divides_each_run():
     executor.execute(group, entries)
     for i, (got, x) in enumerate(zip(_results(entries), inputs)):
         np.testing.assert_array_equal(got, x, err_msg=f"tensor {i}")  # (x + x) / 2
-    assert ring.reduced == [1_100_000] and shm.reduced == [10, 9]
+    assert ring.reduced == [1_100_000] and mpi.reduced == [10, 9] and shm.reduced == []
 
 
-def test_a_group_the_others_would_not_take_alone_stays_whole():
-    executor, shm, ring = _executor()
-    counts = [300_000] * 8  # 1.2 MB each: shared memory alone too
+@pytest.mark.parametrize("count", [300_000, 10_000, 500_000])
+def test_a_group_without_large_tensors_stays_whole(count):
+    """1.2 MB tensors would take shared memory alone too; 40 KB ones MPI, and 2 MB ones
+    the same, below the size from which a tensor may leave its group."""
+    executor, shm, ring, mpi = _executor()
+    counts = [count] * 8
     inputs = [np.full(n, float(i), np.float32) for i, n in enumerate(counts)]
     group = _group(counts)
     entries = _entries(group, inputs, "out")
     executor.execute(group, entries)
     for i, got in enumerate(_results(entries)):
         np.testing.assert_array_equal(got, np.full(counts[i], 2.0 * i))
-    assert ring.reduced == [] and sum(shm.reduced) == sum(counts)
+    assert ring.reduced == mpi.reduced == [] and sum(shm.reduced) == sum(counts)
 
 
 def test_a_failed_run_fails_the_group_after_every_run_has_reduced():
     """The other ranks run every run's collective: a failure on this rank must not skip
     the later ones (they would wait for it), and it fails every handle of the group."""
-    executor, shm, ring = _executor()
+    executor, shm, ring, mpi = _executor()
     ring.fail_on = 0
     group = _group(COUNTS)
     entries = _entries(group, [np.ones(n, np.float32) for n in COUNTS], "out")
     executor.execute(group, entries)
     assert ring.reduced == [1_500_000, 1_200_000, 1_100_000]
-    assert shm.reduced == [1000, 3005, 77]
+    assert shm.reduced == [3005] and mpi.reduced == [1000, 77]
     for entry in entries:
         assert entry._error is not None and "ring lost a peer" in str(entry._error)
         assert "'t1'" in str(entry._error)

@@ -35,6 +35,9 @@ _EAGER_PLANS_KEPT = 8
 
 # Pack / reduce / copy out a large group in pieces of about this size (see _pieces).
 PIPELINE_PIECE_BYTES = 1 << 20
+# A group's tensor of this size or more may leave it for the backend it would take
+# alone (see _runs): the group is cut into pieces at such a tensor anyway.
+ALONE_BYTES = 2 * PIPELINE_PIECE_BYTES
 
 
 def _reduction_counts(rows: int, size: int) -> list[int]:
@@ -143,16 +146,22 @@ class Executor:
 
     def _runs(self, counts: list[int], itemsize: int, backend, first: Response,
               op: ReduceOp) -> list[tuple[int, int, object]]:
-        """A host group cut where a tensor would go to another backend alone than the
-        group goes to: each such tensor reduces by itself there, in its own output (no
-        pack, no copy out), the tensors between them stay fused. A group of large
+        """A host group cut where a large tensor would go to another backend alone than
+        the group goes to: each such tensor reduces by itself there, in its own output
+        (no pack, no copy out), the tensors between them stay fused. A group of large
         tensors on shared memory goes tensor by tensor to the ring, which moves fewer
-        bytes (8 x 32 MiB on 2 ranks: about half the time). (start, end, backend)."""
-        if len(counts) < 2 or first.device == DEVICE_CUDA:
+        bytes (8 x 32 MiB on 2 ranks: about half the time). Large: from ALONE_BYTES,
+        where the group would go in pieces anyway, so such a tensor already costs a
+        collective of its own; small ones stay fused whatever backend they would take
+        alone (a burst of them is what fusion is for). (start, end, backend)."""
+        if len(counts) < 2 or first.device == DEVICE_CUDA or \
+                max(counts) * itemsize < ALONE_BYTES:
             return [(0, len(counts), backend)]
         runs: list[tuple[int, int, object]] = []
         start = 0
         for index, count in enumerate(counts):
+            if count * itemsize < ALONE_BYTES:
+                continue
             alone = self.operations.choose(RequestType.ALLREDUCE, first.dtype,
                                            count * itemsize, 1, op, first.device)
             if alone is backend:
