@@ -79,28 +79,7 @@ def _ops(comm: MPI.Comm, tensorflow: bool, with_allreduce: bool = False
     from .. import torch as hvd
     size = comm.Get_size()
 
-    def mpi_bcast(nbytes: int, name: str) -> Contender:
-        buf = _written(nbytes // 4, np.float32)
-        return lambda: comm.Bcast(buf, root=0)
-
-    def mpi_allreduce(nbytes: int, name: str) -> Contender:
-        buf = _written(nbytes // 4, np.float32)
-        return lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-
-    def mpi_allgather(nbytes: int, name: str) -> Contender:
-        send = _written(nbytes // 4, np.float32)
-        recv = _written(size * nbytes // 4, np.float32)
-        return lambda: comm.Allgather(send, recv)
-
-    def mpi_reducescatter(nbytes: int, name: str) -> Contender:
-        count = nbytes // 4 // size
-        send, recv = _written(count * size, np.float32), _written(count, np.float32)
-        return lambda: comm.Reduce_scatter_block(send, recv, op=MPI.SUM)
-
-    def mpi_alltoall(nbytes: int, name: str) -> Contender:
-        count = nbytes // 4 // size * size
-        send, recv = _written(count, np.float32), _written(count, np.float32)
-        return lambda: comm.Alltoall(send, recv)
+    mpi = _mpi_calls(comm, fresh_output=False)
 
     def broadcast(in_place: bool) -> Factory:
         def make(nbytes: int, name: str) -> Contender:
@@ -133,17 +112,17 @@ def _ops(comm: MPI.Comm, tensorflow: bool, with_allreduce: bool = False
     def alltoall(nbytes: int, name: str) -> Contender:
         tensor = torch.zeros(nbytes // 4 // size * size)
         return lambda: hvd.alltoall(tensor, name=name)
-    ops = {"allreduce": (mpi_allreduce, [("allreduce_", allreduce(True)),
-                                         ("allreduce", allreduce(False))])} \
+    ops = {"allreduce": (mpi["allreduce"], [("allreduce_", allreduce(True)),
+                                            ("allreduce", allreduce(False))])} \
         if with_allreduce else {}
     ops |= {
-        "broadcast": (mpi_bcast, [("broadcast_", broadcast(True)),
-                                  ("broadcast", broadcast(False))]),
-        f"grouped allreduce of {GROUP}": (mpi_allreduce, [
+        "broadcast": (mpi["broadcast"], [("broadcast_", broadcast(True)),
+                                         ("broadcast", broadcast(False))]),
+        f"grouped allreduce of {GROUP}": (mpi["allreduce"], [
             ("grouped_allreduce_", grouped(True)), ("grouped_allreduce", grouped(False))]),
-        "allgather": (mpi_allgather, [("allgather", allgather)]),
-        "reducescatter": (mpi_reducescatter, [("reducescatter", reducescatter)]),
-        "alltoall": (mpi_alltoall, [("alltoall", alltoall)]),
+        "allgather": (mpi["allgather"], [("allgather", allgather)]),
+        "reducescatter": (mpi["reducescatter"], [("reducescatter", reducescatter)]),
+        "alltoall": (mpi["alltoall"], [("alltoall", alltoall)]),
     }
     if tensorflow:
         for op, path in _tensorflow_paths().items():
@@ -151,32 +130,46 @@ def _ops(comm: MPI.Comm, tensorflow: bool, with_allreduce: bool = False
     return ops
 
 
-def _fresh_outputs(comm: MPI.Comm) -> dict[str, Factory]:
-    """op -> MPI's out-of-place call that allocates its output as it goes (np.empty), as
-    a user of mpi4py at a new size would: the first call of an out-of-place path pays
-    for fresh memory too (see _recycle)."""
-    size = comm.Get_size()
+def _mpi_calls(comm: MPI.Comm, fresh_output: bool) -> dict[str, Factory]:
+    """op -> MPI's own call on written numpy buffers. Not fresh_output: the baseline,
+    into preallocated buffers (allreduce and broadcast in place). fresh_output: the
+    out-of-place form that allocates its output as it goes (np.empty), as a user of
+    mpi4py at a new size would: the first-call baseline of the out-of-place paths,
+    which pay for fresh memory too (see _recycle)."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+
+    def output(count: int) -> Callable[[], np.ndarray]:
+        if fresh_output:
+            return lambda: np.empty(count, np.float32)
+        buf = _written(count)
+        return lambda: buf
 
     def allreduce(nbytes: int, name: str) -> Contender:
-        send = _written(nbytes // 4, np.float32)
+        send = _written(nbytes // 4)
+        if not fresh_output:
+            return lambda: comm.Allreduce(MPI.IN_PLACE, send, op=MPI.SUM)
         return lambda: comm.Allreduce(send, np.empty_like(send), op=MPI.SUM)
 
     def bcast(nbytes: int, name: str) -> Contender:
-        send = _written(nbytes // 4, np.float32)
-        return lambda: comm.Bcast(send if comm.Get_rank() == 0 else np.empty_like(send), 0)
+        send = _written(nbytes // 4)
+        if not fresh_output or rank == 0:
+            return lambda: comm.Bcast(send, root=0)
+        return lambda: comm.Bcast(np.empty_like(send), root=0)
 
     def allgather(nbytes: int, name: str) -> Contender:
-        send = _written(nbytes // 4, np.float32)
-        return lambda: comm.Allgather(send, np.empty(size * send.size, np.float32))
+        send = _written(nbytes // 4)
+        recv = output(size * send.size)
+        return lambda: comm.Allgather(send, recv())
 
     def reducescatter(nbytes: int, name: str) -> Contender:
-        send = _written(nbytes // 4 // size * size, np.float32)
-        return lambda: comm.Reduce_scatter_block(send, np.empty(send.size // size, np.float32),
-                                                 op=MPI.SUM)
+        send = _written(nbytes // 4 // size * size)
+        recv = output(send.size // size)
+        return lambda: comm.Reduce_scatter_block(send, recv(), op=MPI.SUM)
 
     def alltoall(nbytes: int, name: str) -> Contender:
-        send = _written(nbytes // 4 // size * size, np.float32)
-        return lambda: comm.Alltoall(send, np.empty_like(send))
+        send = _written(nbytes // 4 // size * size)
+        recv = output(send.size)
+        return lambda: comm.Alltoall(send, recv())
     return {"allreduce": allreduce, "broadcast": bcast, f"grouped allreduce of {GROUP}": allreduce,
             "allgather": allgather, "reducescatter": reducescatter, "alltoall": alltoall}
 
@@ -193,7 +186,7 @@ def collectives(comm: MPI.Comm, sizes: list[int], rounds: int = 3,
     tensorflow: TensorFlow's calls too (every rank must say the same). with_allreduce:
     torch's allreduce too, in place and out of place (the main bench times it apart)."""
     rows = []
-    fresh = _fresh_outputs(comm)
+    fresh = _mpi_calls(comm, fresh_output=True)
     size = comm.Get_size()
     for op, (baseline, paths) in _ops(comm, tensorflow, with_allreduce).items():
         for nbytes in sizes:
