@@ -15,7 +15,9 @@ Scenarios, each at 2, 128, 1,024 and 4,096 ranks, for 162 and 1,000 tensors:
 first step (every tensor uncached), steady (every tensor a cache hit, the fast path),
 one miss (one tensor changed shape on every rank, the rest cache hits), allgather with
 first dimensions that differ by rank, and a dtype mismatch on one rank (which must be
-named). And the fast path with small allreduces riding on it (``eager``: four float32
+named). The slow ones go through the coordinator, as when the ranks' lists differ
+(in order, or in which tensors a cycle caught); the first step also with every rank's
+list alike, which each rank answers alone (the controller's unanimous cycles). And the fast path with small allreduces riding on it (``eager``: four float32
 scalars, a loss and three metrics, every rank's gathered with the bit vectors and
 reduced at every rank): rank 0's packing, controller cycle and reduction of the
 gathered rows are timed, the plan forced whatever the limits say, and the row says
@@ -141,9 +143,12 @@ def _allgathers(tensors: int, rank: int) -> list[Request]:
 class _Rank0:
     """Rank 0's controller over simulated peers."""
 
-    def __init__(self, size: int, tensors: int) -> None:
+    def __init__(self, size: int, tensors: int, unanimous: bool = False) -> None:
+        """unanimous: let every-rank-alike lists be answered without the coordinator
+        (the peers do send rank 0's vector: the scenario must give them rank 0's list)."""
         self.peers = SimulatedPeers(size)
         self.controller = Controller(self.peers, cache_capacity=max(1024, tensors + 64))
+        self.controller.unanimous = unanimous
 
     def cycle(self, mine: list[Request], others: Callable[[int], list[Request]] | None
               ) -> dict[str, Any]:
@@ -280,6 +285,9 @@ def scenarios(size: int, tensors: int, repeats: int = 5) -> dict[str, dict[str, 
 
     rows["first step"] = _repeat(lambda: (fresh(), lambda r: r.cycle(plain, lambda _: plain)),
                                  repeats)
+    rows["first step, every list alike"] = _repeat(
+        lambda: (_Rank0(size, tensors, unanimous=True),
+                 lambda r: r.cycle(plain, lambda _: plain)), repeats)
     rows["steady"] = _repeat(lambda: (warmed(), lambda r: r.cycle(plain, None)), repeats)
     changed = _allreduces(tensors, changed=0)
     rows["one miss"] = _repeat(

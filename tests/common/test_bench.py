@@ -118,6 +118,8 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     assert cycles[(128, "first step")]["slow_path"] and not cycles[(128, "steady")]["slow_path"]
     assert all(row["work_ms"] > 0 for row in cycles.values())
     assert cycles[(128, "first step")]["gathered_mb"] > cycles[(2, "first step")]["gathered_mb"]
+    alike = cycles[(128, "first step, every list alike")]  # answered without the coordinator
+    assert alike["slow_path"] and alike["gathered_mb"] == alike["bcast_mb"] == 0
     eager = cycles[(128, "steady, 4 scalars ride along")]  # the fast path with scalars
     assert not eager["slow_path"] and eager["rides_by_default"]
     assert eager["model_network_ms"] < eager["model_without_ms"]

@@ -11,7 +11,7 @@ WORKER = Path(__file__).parent / "workers" / "collectives_worker.py"
 CHECKS = ["topology", "allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
           "runtime_owned_results", "large_tensors_in_a_group",
           "held_results_of_every_collective",
-          "out_of_order_and_burst", "join_and_barrier", "errors", "sparse", "optimizer_steps"]
+          "out_of_order_and_burst", "unnamed_calls", "join_and_barrier", "errors", "sparse", "optimizer_steps"]
 
 
 def _run(np: int, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> None:

@@ -8,7 +8,8 @@ One cycle:
      whether anyone has uncached requests, has joined, or wants to shut down.
   3. Only if someone has uncached requests: gather them at the coordinator (rank 0),
      as one compact record per rank (request_records.py), which decides responses
-     (see coordinator.py) and broadcasts them.
+     (see coordinator.py) and broadcasts them. Unless every rank brought the same
+     uncached list (unanimous cycles, below): then each rank answers it alone.
 Cached responses run first, in bit order, then the coordinator's, in its order; so the
 order is the same on every rank whatever order the ranks submitted in.
 
@@ -18,6 +19,18 @@ region], each rank packing into its region the tensors the plan expects. If ever
 did, the cycle's responses are those tensors and their data is already here: no data
 collective follows. If any rank could not (FLAG_EAGER_MISS), the regions are ignored and
 the cycle goes on as any other.
+
+A unanimous cycle: the vector of step 2 also carries the digest of each rank's
+uncached record, plain and inverted, so the same AND tells every rank whether all the
+digests are equal (their AND equals their OR). When they are, and nothing else is going
+on (no join, no invalidation, no shutdown, no tuned parameters to send), every rank
+holds exactly what the coordinator would have gathered, and the coordinator's answer
+to it is one response per request, in that order: each rank makes them itself, with no
+gather and no broadcast. Names the coordinator holds from earlier cycles change
+nothing: none can be in such a list (a name is in flight once on a rank, and the rank
+that sent it before would be sending it again), so none becomes ready in it. That is
+the synchronous call under a fresh name (every unnamed op, every first call). Allgather and alltoall, whose first dimensions and splits may
+differ by rank, always go to the coordinator.
 
 The transport is injected, so this runs in one process in the unit tests.
 """
@@ -46,12 +59,18 @@ FLAG_EAGER_MISS = 16  # some rank did not fill its region with the plan's tensor
 FLAG_NO_EAGER = 32  # rank 0 records a timeline: plan nothing (it would miss every plan)
 FLAG_RESIZED = 64  # a cached allgather/alltoall has new first dims or splits (_resize)
 _WORD_MASK = (1 << 64) - 1
+_DIGEST_BYTES = 16  # of a request record (request_records.py): its first 16 bytes
+_NO_DIGEST = bytes(_DIGEST_BYTES)
 # Enum members read through the class cost ~75 ns each: hot loops use these.
 _JOIN = RequestType.JOIN
 _ALLREDUCE = RequestType.ALLREDUCE
 _ALLGATHER = RequestType.ALLGATHER
 _ALLTOALL = RequestType.ALLTOALL
 _RESIZABLE = (RequestType.ALLGATHER, RequestType.ALLTOALL)
+# Requests a rank may answer alone in a unanimous cycle: none whose response carries
+# every rank's numbers (allgather, alltoall), nor a join.
+_ANSWERABLE_ALONE = frozenset(RequestType) - {RequestType.ALLGATHER, RequestType.ALLTOALL,
+                                               RequestType.JOIN}
 _BIT_OF = attrgetter("bit")
 
 
@@ -99,7 +118,7 @@ class Controller:
         self.cache = ResponseCache(cache_capacity)
         self._words = (cache_capacity + 63) // 64
         self._rank_words = (self.size + 63) // 64
-        self._vector_words = 1 + 2 * self._words + self._rank_words  # see _encode
+        self._vector_words = 1 + 2 * self._words + _DIGEST_BYTES // 4 + self._rank_words  # _encode
         self.clock = clock
         # A cached request that waited this long goes to the coordinator so that the
         # stall inspector (which only sees the coordinator's table) can name it.
@@ -117,7 +136,13 @@ class Controller:
         self.fast_cycles = 0
         self._last: SteadyCycle | None = None  # see _replay
         self.replay = True  # tests turn it off to compare against the general path
-        self._encoded: tuple[tuple[int, int, int, int] | None, np.ndarray | None] = (None, None)
+        # Unanimous cycles (see the module docstring); off: every uncached request goes
+        # to the coordinator (tests compare the two; the scale bench times that path).
+        self.unanimous = True
+        self.unanimous_cycles = 0
+        # This cycle's uncached list and its record, encoded as it is classified.
+        self._record: tuple[list[_Waiting], int, bytes] | None = None
+        self._encoded: tuple[tuple | None, np.ndarray | None] = (None, None)
         self.replays = 0
         # Set between cycles, the same on every rank (see the module docstring): the
         # plan's .bits (cache bits it expects) and .nbytes (its region); and how this
@@ -174,8 +199,8 @@ class Controller:
         # in C instead of decoding.
         replayed_everywhere = replayed is not None and not key[0] and \
             outcome.tobytes() == vector.tobytes()
-        flags, ready, invalid, leaving = (0, hit_bits, 0, 0) if replayed_everywhere \
-            else self._decode(outcome)
+        flags, ready, invalid, leaving, unanimous = (0, hit_bits, 0, 0, False) \
+            if replayed_everywhere else self._decode(outcome)
         ready &= ~invalid
         if replayed is not None:
             if replayed_everywhere or (ready == hit_bits and not invalid and not flags):
@@ -233,8 +258,13 @@ class Controller:
                 result.gathered, result.meet = pending.rows(), pending.meet
         if flags & FLAG_UNCACHED:
             result.negotiated_slow = True
-            responses, result.params = self._negotiate_slow(uncached)
-            result.responses.extend(responses)
+            if unanimous and flags & ~FLAG_EAGER_MISS == FLAG_UNCACHED and not invalid \
+                    and not leaving:
+                result.responses.extend(self._answer_alone(uncached))
+                self.unanimous_cycles += 1
+            else:
+                responses, result.params = self._negotiate_slow(uncached)
+                result.responses.extend(responses)
             self.slow_cycles += 1
         else:
             self.fast_cycles += 1
@@ -251,7 +281,7 @@ class Controller:
                 timeline.rank_ready(request.name, self.rank)
 
     def _replay(self, new_requests: list[Request], shutdown: bool
-                ) -> tuple[list[CachedResponse], int, tuple[int, int, int, int]] | None:
+                ) -> tuple[list[CachedResponse], int, tuple] | None:
         """In steady state a cycle brings the same requests as the last one that found
         every request a ready cache hit: then classifying them one by one (and sorting
         and bookkeeping them) gives the same hits, bits and vector again, so check that
@@ -272,10 +302,10 @@ class Controller:
         flags = 0
         if self.coordinator is not None and self.coordinator.check_stall():
             flags |= FLAG_SHUTDOWN | FLAG_STALLED
-        return list(last.order), last.hit_bits, (flags, last.hit_bits, 0, 0)
+        return list(last.order), last.hit_bits, (flags, last.hit_bits, 0, 0, _NO_DIGEST)
 
     def _classify(self, now: float, shutdown: bool
-                  ) -> tuple[list[CachedResponse], int, list[_Waiting], tuple[int, int, int, int]]:
+                  ) -> tuple[list[CachedResponse], int, list[_Waiting], tuple]:
         ready = invalid = 0  # bit sets as Python ints: cheap to build and to test
         resized = False
         hits: list[CachedResponse] = []
@@ -323,33 +353,56 @@ class Controller:
         if self.coordinator is not None and self.coordinator.check_stall():
             flags |= FLAG_SHUTDOWN | FLAG_STALLED
         leaving = 1 << self.rank if shutdown else 0
-        return hits, hit_bits, uncached, (flags, ready, invalid, leaving)
+        return hits, hit_bits, uncached, (flags, ready, invalid, leaving,
+                                          self._digest(uncached))
 
-    def _encode(self, flags: int, ready: int, invalid: int, leaving: int) -> np.ndarray:
-        """[~flags | ready | ~invalid | ~leaving ranks] as uint64 words: one bitwise AND
-        computes the AND of the ready bits and the OR of everything stored inverted.
-        Steady state sends the same vector every cycle: the last one is kept (transports
-        only read it)."""
-        key = (flags, ready, invalid, leaving)
+    def _digest(self, uncached: list[_Waiting]) -> bytes:
+        """This cycle's record (kept for the gather) and the digest this rank offers
+        for a unanimous cycle: the record's, or none where it may not be answered
+        without the coordinator (see the module docstring)."""
+        self._record = None
+        if not uncached:
+            return _NO_DIGEST
+        record = encode_requests([request for request, _ in uncached])
+        self._record = (uncached, len(uncached), record)
+        if not self.unanimous or self._joined or self.params_to_send is not None or \
+                self.timeline is not None or any(request.type not in _ANSWERABLE_ALONE for request, _ in uncached):
+            return _NO_DIGEST
+        return record[:_DIGEST_BYTES]
+
+    def _encode(self, flags: int, ready: int, invalid: int, leaving: int,
+                digest: bytes = _NO_DIGEST) -> np.ndarray:
+        """[~flags | ready | ~invalid | digest | ~digest | ~leaving ranks] as uint64
+        words: one bitwise AND computes the AND of the ready bits and of the digests,
+        and the OR of everything stored inverted. Steady state sends the same vector
+        every cycle: the last one is kept (transports only read it)."""
+        key = (flags, ready, invalid, leaving, digest)
         if key == self._encoded[0]:
             return self._encoded[1]
         width, rank_width = 8 * self._words, 8 * self._rank_words
         raw = ((~flags) & _WORD_MASK).to_bytes(8, "little") + ready.to_bytes(width, "little") \
             + ((~invalid) & _mask(width)).to_bytes(width, "little") \
+            + digest + ((~int.from_bytes(digest, "little")) & _mask(_DIGEST_BYTES)).to_bytes(
+                _DIGEST_BYTES, "little") \
             + ((~leaving) & _mask(rank_width)).to_bytes(rank_width, "little")
         vector = np.frombuffer(raw, dtype=np.uint64)  # read-only: nobody writes it
         self._encoded = (key, vector)
         return vector
 
-    def _decode(self, words: np.ndarray) -> tuple[int, int, int, int]:
+    def _decode(self, words: np.ndarray) -> tuple[int, int, int, int, bool]:
+        """(flags, ready, invalid, leaving, whether every rank offered one digest)."""
         raw = words.tobytes()
         width = 8 * self._words
         flags = ~int.from_bytes(raw[:8], "little") & _WORD_MASK
         ready = int.from_bytes(raw[8:8 + width], "little")
         invalid = ~int.from_bytes(raw[8 + width:8 + 2 * width], "little") & _mask(width)
-        leaving_raw = raw[8 + 2 * width:]
+        at = 8 + 2 * width
+        anded = int.from_bytes(raw[at:at + _DIGEST_BYTES], "little")
+        ored = ~int.from_bytes(raw[at + _DIGEST_BYTES:at + 2 * _DIGEST_BYTES], "little") \
+            & _mask(_DIGEST_BYTES)
+        leaving_raw = raw[at + 2 * _DIGEST_BYTES:]
         leaving = ~int.from_bytes(leaving_raw, "little") & _mask(len(leaving_raw))
-        return flags, ready, invalid, leaving
+        return flags, ready, invalid, leaving, anded != 0 and anded == ored
 
     def _resize(self, responses: list[Response]) -> list[Response]:
         """Some rank's cached allgather or alltoall changed its first dimension or its
@@ -389,12 +442,31 @@ class Controller:
             responses[i] = new
         return responses
 
+    def _answer_alone(self, uncached: list[_Waiting]) -> list[Response]:
+        """A unanimous cycle's responses: what the coordinator answers a list every
+        rank sent (Coordinator._response for one share), made here."""
+        responses = []
+        waiting, put = self._waiting, self.cache.put
+        for request, _ in uncached:
+            del waiting[request.name]
+            response = Response(request.name, request.type, request.dtype,
+                                tuple(request.shape), request.reduce_op,
+                                int(request.root_rank), float(request.prescale),
+                                float(request.postscale), request.device)
+            put(response, request)
+            responses.append(response)
+        return responses
+
     def _negotiate_slow(self, uncached: list[_Waiting]) -> tuple[list[Response], Any]:
         requests = [request for request, _ in uncached]
         for request in requests:
             del self._waiting[request.name]
             self._sent[request.name] = request
-        gathered = self.transport.gather_records(encode_requests(requests))
+        kept = self._record
+        record = kept[2] if kept is not None and kept[0] is uncached and \
+            kept[1] == len(uncached) else encode_requests(requests)
+        self._record = None
+        gathered = self.transport.gather_records(record)
         payload = None
         if self.coordinator is not None:
             assert gathered is not None

@@ -375,6 +375,31 @@ def out_of_order_and_burst(rank: int, size: int) -> None:
                                              dtype=np.float64), f"burst {i}")
 
 
+def unnamed_calls(rank: int, size: int) -> None:
+    """Synchronous unnamed calls (a fresh name each): where every rank's cycle brings the
+    same one, each rank answers it without the coordinator (unanimous cycles); results
+    against numpy either way, and a mismatch after them still named on every rank."""
+    from horovodish.common.api import process_state
+    controller = process_state.state().runtime.controller
+    before = controller.unanimous_cycles
+    for i in range(20):
+        same(hvd.allreduce(torch.full((5,), float(rank + i)), op=hvd.Sum),
+             np.full(5, sum(r + i for r in range(size)), np.float64), f"unnamed allreduce {i}")
+        same(hvd.broadcast(torch.full((3,), float(10 * rank + i)), size - 1),
+             np.full(3, float(10 * (size - 1) + i)), f"unnamed broadcast {i}")
+        same(hvd.reducescatter(torch.full((2 * size, 2), float(rank + 1)), op=hvd.Sum),
+             np.full((2, 2), float(sum(r + 1 for r in range(size)))),
+             f"unnamed reducescatter {i}")
+    check(controller.unanimous_cycles > before,
+          f"no unanimous cycle in 60 unnamed calls ({controller.slow_cycles} slow cycles)")
+    if size > 1:
+        kind = torch.float64 if rank == 1 else torch.float32
+        expect_error(lambda: hvd.allreduce(torch.ones(2, dtype=kind)),
+                     hvd.HorovodInternalError, "allreduce of tensor 'allreduce.noname.",
+                     "dtype", "float32", "float64")
+    same(hvd.allreduce(torch.ones(2), op=hvd.Sum), np.full(2, float(size)), "unnamed after")
+
+
 def join_and_barrier(rank: int, size: int) -> None:
     hvd.barrier()
     steps = 3 + rank  # uneven: rank r does 3 + r steps
@@ -569,7 +594,7 @@ if __name__ == "__main__":
     checks = [topology, allreduce, allgather, broadcast, alltoall, reducescatter,
               runtime_owned_results, large_tensors_in_a_group,
               held_results_of_every_collective,
-              out_of_order_and_burst, join_and_barrier, errors, sparse,
+              out_of_order_and_burst, unnamed_calls, join_and_barrier, errors, sparse,
               optimizer_steps, *staging_checks()]
     hvd.init()
     hvd.init()  # twice is harmless
