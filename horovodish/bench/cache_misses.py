@@ -18,10 +18,10 @@ import numpy as np
 STEPS = 8
 
 
-def _slow_cycles() -> Callable[[], int]:
+def _slow_cycles(counter: str = "slow_cycles") -> Callable[[], int]:
     from ..common.api.process_sets import global_process_set
     controller = global_process_set.runtime.controller
-    return lambda: controller.slow_cycles
+    return lambda: getattr(controller, counter)
 
 
 def _per_step(step: Callable[[int], None]) -> list[int]:
@@ -92,6 +92,8 @@ def miss_cost(comm: Any, calls: int = 40, rounds: int = 5) -> dict[str, float]:
     tensor = torch.ones(1)
     raw_in, raw_out = np.ones(1, np.float32), np.empty(1, np.float32)
     slow = _slow_cycles()
+    answered_alone = _slow_cycles("unanimous_cycles")
+    with_data = _slow_cycles("speculated_cycles")
 
     def uncached(round_: int) -> None:
         for call in range(calls):
@@ -107,16 +109,22 @@ def miss_cost(comm: Any, calls: int = 40, rounds: int = 5) -> dict[str, float]:
 
     cached(-1)  # the cached name's own first (slow) cycle, not timed
     timings: dict[str, list[float]] = {"uncached": [], "cached": [], "mpi": []}
-    misses = 0
+    misses = alone = data = 0
     for round_ in range(rounds):
         for name, run in (("uncached", uncached), ("cached", cached), ("mpi", raw)):
             comm.Barrier()
-            before = slow()
+            before = (slow(), answered_alone(), with_data())
             start = time.perf_counter()
             run(round_)
             timings[name].append((time.perf_counter() - start) / calls * 1e6)
             if name == "uncached":
-                misses += slow() - before
+                misses += slow() - before[0]
+                alone += answered_alone() - before[1]
+                data += with_data() - before[2]
     figures = {f"{name}_us": float(np.median(values)) for name, values in timings.items()}
     figures["slow_cycles_per_uncached_call"] = misses / (rounds * calls)
+    # Of those, answered by each rank alone (every rank sent the same list), and of
+    # these, with their data in the same exchange (negotiation/controller.py).
+    figures["unanimous_share"] = alone / max(misses, 1)
+    figures["with_data_share"] = data / max(misses, 1)
     return figures

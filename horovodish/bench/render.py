@@ -95,9 +95,11 @@ def _bench(record: dict[str, Any]) -> str:
                            "horovodish's added / DDP's"], rows))
     cost = (f.get("cache_misses") or {}).get("miss_cost")
     if cost:
+        shares = f" ({cost['unanimous_share']:.0%} of them answered by each rank alone, " \
+            f"{cost['with_data_share']:.0%} with their data)" if "unanimous_share" in cost else ""
         out.append(f"\nA cache miss: a synchronous 4-byte allreduce under a new name each "
-                   f"call takes {cost['uncached_us']:.0f} µs (a slow-path cycle each), under "
-                   f"one name {cost['cached_us']:.0f} µs; `MPI_Allreduce` "
+                   f"call takes {cost['uncached_us']:.0f} µs (a slow-path cycle each{shares}), "
+                   f"under one name {cost['cached_us']:.0f} µs; `MPI_Allreduce` "
                    f"{cost['mpi_us']:.0f} µs.\n")
     idle = f.get("idle")
     if idle:

@@ -130,6 +130,8 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path):
     cost = misses["miss_cost"]  # a real cache miss's price, beside a hit and raw MPI
     assert cost["slow_cycles_per_uncached_call"] >= 1
     assert cost["uncached_us"] > cost["cached_us"] > 0 and cost["mpi_us"] > 0
+    # Two ranks calling alike: most misses answered without the coordinator, with data.
+    assert cost["unanimous_share"] > 0.5 and 0 < cost["with_data_share"] <= cost["unanimous_share"]
     idle = figures["idle"]
     share = idle["runtime_thread_cpu_percent"]
     assert idle["rounds"] == 3 and (share != share or 0 < share < 100)  # nan: no schedstat

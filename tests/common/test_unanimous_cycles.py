@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 from horovodish.common.messages import ReduceOp, Request, RequestType
+from horovodish.common.negotiation.eager_plan import plan_eager
 
 from .fake_world import FakeWorld
 
@@ -156,3 +157,52 @@ def test_unanimous_and_coordinated_worlds_agree_on_random_streams():
     assert set().union(*pending) <= set().union(*map(set, owed))
     assert alone.controllers[0].unanimous_cycles > 40  # the streams did exercise the unanimous path
     assert coordinated.controllers[0].unanimous_cycles == 0
+
+
+def _speculating(world: FakeWorld, packs=lambda rank: True) -> None:
+    """Every controller of world plans fresh allreduces as one group riding along and
+    packs rank r's region with the byte r + 1 (where packs(r) lets it)."""
+    for rank, controller in enumerate(world.controllers):
+        transport = controller.transport
+        transport.region_capacity = lambda words: 1 << 16
+        # As through shared memory: a plain AND is the same exchange with no region, so
+        # ranks that bring data and ranks that do not meet in one.
+        transport.start_allreduce_and = \
+            lambda words, t=transport: (t.region(words.size, 0), t.start_gather_and(words))[1]
+
+        def fill(plan, region, rank=rank):
+            region[:] = rank + 1
+            return packs(rank)
+        controller.fill_eager = fill
+        controller.speculate = lambda responses: plan_eager([responses], 0, world.size, 1 << 20)
+
+
+def test_a_unanimous_list_of_small_allreduces_brings_every_ranks_data():
+    world = FakeWorld(3)
+    _speculating(world)
+    batch = [ar("s1", (4,)), ar("s2", (3,), "float64")]
+    results = world.cycle({rank: batch for rank in range(3)})
+    for rank, result in enumerate(results):
+        assert [r.name for r in result.responses] == ["s1", "s2"]
+        assert result.plan is not None and result.gathered is not None
+        assert [[r.name for r in group] for group in result.plan.groups] == [["s1", "s2"]]
+        assert [int(row[0]) for row in result.gathered] == [1, 2, 3]  # each rank's bytes
+        assert world.controllers[rank].speculated_cycles == 1
+    assert world.exchange.calls["gather"] == 1  # the exchange's, not the coordinator's
+
+
+def test_the_data_is_ignored_unless_every_rank_packed_and_nothing_cached_is_ready():
+    world = FakeWorld(2)
+    _speculating(world, packs=lambda rank: rank == 0)  # rank 1 cannot pack
+    results = world.cycle({0: [ar("p")], 1: [ar("p")]})
+    assert all(r.gathered is None and [x.name for x in r.responses] == ["p"] for r in results)
+    assert world.controllers[0].unanimous_cycles == 1  # answered alone all the same
+    world = FakeWorld(2)
+    _speculating(world)
+    world.cycle({0: [ar("c")], 1: [ar("c")]})  # c is cached from here
+    results = world.cycle({0: [ar("c"), ar("q")], 1: [ar("c"), ar("q")]})
+    assert all(r.gathered is None and [x.name for x in r.responses] == ["c", "q"]
+               for r in results)
+    results = world.cycle({0: [ar("x"), ar("y")], 1: [ar("y"), ar("x")]})  # lists differ
+    assert all(r.gathered is None for r in results)
+    assert world.controllers[0].speculated_cycles == 1  # the first cycle's only

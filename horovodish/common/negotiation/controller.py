@@ -32,6 +32,15 @@ that sent it before would be sending it again), so none becomes ready in it. Tha
 the synchronous call under a fresh name (every unnamed op, every first call). Allgather and alltoall, whose first dimensions and splits may
 differ by rank, always go to the coordinator.
 
+A unanimous cycle's small allreduces can bring their data too (``speculate``, set by
+the runtime where eager cycles are on): a rank that offers a digest packs its uncached
+allreduces into its region as the plan for its own list lays them out, and, where every
+rank offered that digest (the same list, so the same plan) and packed, and no cached
+response is ready beside them, the cycle's responses come with their data, as in an
+eager cycle. A rank that offered a digest but could not pack flags FLAG_NO_SPECULATION,
+and the data is ignored: the responses then run as any other. Only where a region fits
+in the exchange as it is (shared memory on one host: a new window would be collective).
+
 The transport is injected, so this runs in one process in the unit tests.
 """
 from __future__ import annotations
@@ -58,6 +67,7 @@ FLAG_STALLED = 8
 FLAG_EAGER_MISS = 16  # some rank did not fill its region with the plan's tensors
 FLAG_NO_EAGER = 32  # rank 0 records a timeline: plan nothing (it would miss every plan)
 FLAG_RESIZED = 64  # a cached allgather/alltoall has new first dims or splits (_resize)
+FLAG_NO_SPECULATION = 128  # a rank offered a digest but brought no data with it
 _WORD_MASK = (1 << 64) - 1
 _DIGEST_BYTES = 16  # of a request record (request_records.py): its first 16 bytes
 _NO_DIGEST = bytes(_DIGEST_BYTES)
@@ -103,6 +113,7 @@ class CycleResult:
     eager_missed: bool = False
     gathered: list[np.ndarray] | None = None
     meet: Callable[[], None] | None = None  # with gathered: a split plan's second barrier
+    plan: Any = None  # with gathered: the plan the data came by, where not ``eager``
 
 
 class Controller:
@@ -149,6 +160,11 @@ class Controller:
         # rank packs its tensors for it (False: it could not).
         self.eager: Any = None
         self.fill_eager: Callable[[Any, np.ndarray], bool] | None = None
+        # The runtime's plan for a list of fresh responses (None: they cannot ride
+        # along), for unanimous cycles that bring their data; None: they never do.
+        self.speculate: Callable[[list[Response]], Any] | None = None
+        self._speculated: tuple[Any, list[Response]] | None = None
+        self.speculated_cycles = 0
         self.eager_cycles = 0
 
     @property
@@ -179,9 +195,16 @@ class Controller:
         if self.timeline is not None and self.fill_eager is not None:
             key = (key[0] | FLAG_NO_EAGER,) + key[1:]
         eager = self.eager
+        self._speculated = None  # (only this cycle's, from _speculate)
         if eager is None:
+            offered = key[4] != _NO_DIGEST
+            region_taken = offered and self._speculate(uncached)
+            if offered and self._speculated is None:
+                key = (key[0] | FLAG_NO_SPECULATION,) + key[1:]
             vector = self._encode(*key)
-            pending = self.transport.start_allreduce_and(vector)
+            # A region taken is the exchange's turn taken: the gather goes with it.
+            pending = self.transport.start_gather_and(vector) if region_taken else \
+                self.transport.start_allreduce_and(vector)
         else:
             region = self.transport.region(self._vector_words, eager.nbytes)
             # Filled only if this rank brings exactly the plan's hits and nothing else
@@ -258,9 +281,16 @@ class Controller:
                 result.gathered, result.meet = pending.rows(), pending.meet
         if flags & FLAG_UNCACHED:
             result.negotiated_slow = True
-            if unanimous and flags & ~FLAG_EAGER_MISS == FLAG_UNCACHED and not invalid \
-                    and not leaving:
-                result.responses.extend(self._answer_alone(uncached))
+            if unanimous and flags & ~(FLAG_EAGER_MISS | FLAG_NO_SPECULATION) == \
+                    FLAG_UNCACHED and not invalid and not leaving:
+                speculated, self._speculated = self._speculated, None
+                if speculated is not None and not flags & FLAG_NO_SPECULATION and not ready:
+                    # Every rank packed the same plan's data, and it is all there is.
+                    result.gathered, result.meet = pending.rows(), pending.meet
+                    result.plan = speculated[0]
+                    self.speculated_cycles += 1
+                result.responses.extend(self._answer_alone(
+                    uncached, speculated[1] if speculated is not None else None))
                 self.unanimous_cycles += 1
             else:
                 responses, result.params = self._negotiate_slow(uncached)
@@ -442,20 +472,32 @@ class Controller:
             responses[i] = new
         return responses
 
-    def _answer_alone(self, uncached: list[_Waiting]) -> list[Response]:
-        """A unanimous cycle's responses: what the coordinator answers a list every
-        rank sent (Coordinator._response for one share), made here."""
-        responses = []
+    def _answer_alone(self, uncached: list[_Waiting],
+                      responses: list[Response] | None = None) -> list[Response]:
+        """A unanimous cycle's responses (made already where they were speculated on)."""
+        if responses is None:
+            responses = [_answer(request) for request, _ in uncached]
         waiting, put = self._waiting, self.cache.put
-        for request, _ in uncached:
+        for (request, _), response in zip(uncached, responses):
             del waiting[request.name]
-            response = Response(request.name, request.type, request.dtype,
-                                tuple(request.shape), request.reduce_op,
-                                int(request.root_rank), float(request.prescale),
-                                float(request.postscale), request.device)
             put(response, request)
-            responses.append(response)
         return responses
+
+    def _speculate(self, uncached: list[_Waiting]) -> bool:
+        """Pack this rank's data for the plan of its own list, where the runtime has one
+        and its region fits the exchange as it is (see the module docstring); sets
+        _speculated if it did. Whether it took a region (then the exchange must be
+        start_gather_and, packed or not)."""
+        if self.speculate is None or self.fill_eager is None:
+            return False
+        responses = [_answer(request) for request, _ in uncached]
+        plan = self.speculate(responses)
+        if plan is None or plan.split or \
+                plan.nbytes > self.transport.region_capacity(self._vector_words):
+            return False
+        if self.fill_eager(plan, self.transport.region(self._vector_words, plan.nbytes)):
+            self._speculated = (plan, responses)
+        return True
 
     def _negotiate_slow(self, uncached: list[_Waiting]) -> tuple[list[Response], Any]:
         requests = [request for request, _ in uncached]
@@ -482,6 +524,14 @@ class Controller:
             elif response.error is None:
                 self.cache.put(response, request)
         return responses, params
+
+
+def _answer(request: Request) -> Response:
+    """What the coordinator answers a request every rank sent alike
+    (Coordinator._response for one share)."""
+    return Response(request.name, request.type, request.dtype, tuple(request.shape),
+                    request.reduce_op, int(request.root_rank), float(request.prescale),
+                    float(request.postscale), request.device)
 
 
 def finish_cycle(steps: Generator[Pending, None, CycleResult]) -> CycleResult:

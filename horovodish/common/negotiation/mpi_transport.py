@@ -207,6 +207,9 @@ class MPITransport(Transport):
             self._open_gather(words, nbytes)
         return self._gather_region
 
+    def region_capacity(self, words: int) -> int:
+        return self._shm.capacity(words) if self._shm is not None else 0
+
     def start_gather_and(self, words: np.ndarray) -> Pending:
         if self._shm is not None:
             return self._shm.start(words)

@@ -93,6 +93,12 @@ class ShmExchange:
         turn = self._turn = (self._turn + 1) % self._turns
         return self._regions[turn]
 
+    def capacity(self, words: int) -> int:
+        """Region bytes a slot holds beside a vector of that many words as it is: any
+        rank may take a region up to this on its own (``region`` grows the window, a
+        collective, only beyond it)."""
+        return max(0, (self._width - words) * 8)
+
     def start(self, vector: np.ndarray) -> Pending:
         turn = self._turn
         self._mine[turn][:vector.size] = vector

@@ -90,6 +90,14 @@ class Transport(ABC):
             region = self._region = np.zeros(nbytes, dtype=np.uint8)
         return region
 
+    def region_capacity(self, words: int) -> int:
+        """Bytes a region beside a vector of that many words may take without the
+        exchange growing (which would be collective), where a rank may bring one while
+        another does not (start_gather_and and start_allreduce_and then being one
+        exchange, as through shared memory); 0 where every rank must ask for the same
+        size (an MPI allgather), as for these defaults."""
+        return 0
+
     def start_gather_and(self, words: np.ndarray) -> Pending:
         """start_allreduce_and(words), with every rank's region (``region``) gathered to
         every rank on the way. This default rides on gather and bcast (fakes)."""

@@ -33,7 +33,7 @@ from .alarm import make_alarm
 from .caller_cycles import CallerCycles, CycleSteps
 from .fault_policy import FaultPolicy
 from ..negotiation.controller import Controller, finish_cycle
-from ..negotiation.eager_plan import EagerPlan, EagerPredictor
+from ..negotiation.eager_plan import EagerPlan, EagerPredictor, plan_eager
 from ..negotiation.transport import Pending
 from ..entry import Entry
 from ..errors import HorovodInternalError
@@ -100,6 +100,7 @@ class Runtime(CallerCycles, FaultPolicy):
         self.eager = eager
         if eager is not None:
             controller.fill_eager = self._fill_eager
+            controller.speculate = self._speculate
         self.cycles = 0
         self.timeline: Timeline | None = None
         self.autotuner: Autotuner | None = None  # rank 0 only
@@ -274,7 +275,7 @@ class Runtime(CallerCycles, FaultPolicy):
             if timeline is not None:
                 for response in result.responses:
                     timeline.negotiate_end(response.name)
-            rows, plan = result.gathered, self.controller.eager
+            rows, plan = result.gathered, result.plan or self.controller.eager
             groups = plan.groups if rows is not None else \
                 self._planner.plan(result.responses, self.fusion_threshold)
             with self._lock:  # this rank's entry per response (None: a joined rank's)
@@ -359,6 +360,14 @@ class Runtime(CallerCycles, FaultPolicy):
         if self.eager is not None:
             with self._driver:
                 self.eager.set_limit(limit, split_limit)
+
+    def _speculate(self, responses: list) -> EagerPlan | None:
+        """The controller's hook: the eager plan fresh responses would ride along by, if
+        every rank brings the same ones (grouped as this cycle would group them)."""
+        eager = self.eager
+        assert eager is not None
+        return plan_eager(self._planner.plan(responses, self.fusion_threshold), 0,
+                          eager.size, eager.limit)
 
     def _fill_eager(self, plan: EagerPlan, region: Any) -> bool:
         """The controller's hook: this rank's tensors for an eager plan into its region."""

@@ -380,8 +380,9 @@ def unnamed_calls(rank: int, size: int) -> None:
     same one, each rank answers it without the coordinator (unanimous cycles); results
     against numpy either way, and a mismatch after them still named on every rank."""
     from horovodish.common.api import process_state
-    controller = process_state.state().runtime.controller
-    before = controller.unanimous_cycles
+    runtime = process_state.state().runtime
+    controller = runtime.controller
+    before, speculated = controller.unanimous_cycles, controller.speculated_cycles
     for i in range(20):
         same(hvd.allreduce(torch.full((5,), float(rank + i)), op=hvd.Sum),
              np.full(5, sum(r + i for r in range(size)), np.float64), f"unnamed allreduce {i}")
@@ -392,6 +393,9 @@ def unnamed_calls(rank: int, size: int) -> None:
              f"unnamed reducescatter {i}")
     check(controller.unanimous_cycles > before,
           f"no unanimous cycle in 60 unnamed calls ({controller.slow_cycles} slow cycles)")
+    if runtime.eager is not None and controller.transport.one_host:  # data too
+        check(controller.speculated_cycles > speculated,
+              "no unnamed allreduce brought its data with its negotiation")
     if size > 1:
         kind = torch.float64 if rank == 1 else torch.float32
         expect_error(lambda: hvd.allreduce(torch.ones(2, dtype=kind)),
