@@ -13,6 +13,7 @@ from mpi4py import MPI
 from .peer_wait import Patience, wait_patiently
 
 _LINE_WORDS = 8  # one 64-byte cache line per rank's counter: no false sharing
+_ANNOUNCED = 1  # word of a rank's line: the meeting it has announced (see ``announce``)
 _yield = getattr(os, "sched_yield", lambda: None)
 # Polls of a blocking meeting before it starts to watch the clock (a few ms): patience
 # costs nothing on the meetings that end in time.
@@ -66,6 +67,21 @@ class CounterBarrier:
                 return False
         self._window.Sync()  # the others' writes, seen after their counters
         return True
+
+    def announce(self) -> None:
+        """Say that this rank is on its way to its next meeting, before any collective
+        work that comes first (a window that grows): a rank looking for peers that have
+        begun a meeting (``peers_ahead``) sees it from here on, not only at Start."""
+        self._counters[self._mine + _ANNOUNCED] = self._meeting + 1
+
+    def peers_ahead(self) -> bool:
+        """Whether some other rank has announced or started a meeting this rank has not
+        started: two reads per rank of memory, no meeting of its own."""
+        read, meeting = self._read, self._meeting
+        for index in self._others:
+            if read(index) > meeting or read(index + _ANNOUNCED) > meeting:
+                return True
+        return False
 
     def behind(self) -> list[int]:
         """The ranks (of node) that have not reached this rank's latest meeting."""

@@ -27,6 +27,7 @@ CASES = {
     "a submit-and-wait loop leaves the runtime thread asleep": ("quiet", 2),
     "a blocking call arms no timer, and wakes the thread when it cannot drive":
         ("waited", 2),
+    "idle ranks begin no negotiation, and join those a peer begins": ("joins", 2),
     "a cycle failing on the thread stops the runtime before a caller drives":
         ("thread_failure", 1),
 }

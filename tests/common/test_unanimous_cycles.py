@@ -24,6 +24,9 @@ def _kinds() -> list[Request]:
         Request("b.root1", RequestType.BROADCAST, "float32", (5,), root_rank=1),
         Request("rs", RequestType.REDUCESCATTER, "float32", (6, 2), reduce_op=ReduceOp.SUM),
         Request("barrier", RequestType.BARRIER, "uint8", ()),
+        Request("g", RequestType.ALLGATHER, "float32", (3, 2)),
+        Request("t.even", RequestType.ALLTOALL, "float32", (6,)),
+        Request("t.splits", RequestType.ALLTOALL, "int64", (6, 2), splits=(1, 2, 3)),
     ]
 
 
@@ -72,15 +75,30 @@ def test_lists_that_differ_go_to_the_coordinator_and_mismatches_are_named():
     assert alone.controllers[0].unanimous_cycles == 0
 
 
-def test_allgather_alltoall_and_join_always_go_to_the_coordinator():
-    alone, _ = _worlds(2)
-    for request in (Request("g", RequestType.ALLGATHER, "float32", (3, 2)),
-                    Request("t", RequestType.ALLTOALL, "float32", (4,)),
-                    Request("join", RequestType.JOIN, "uint8", ())):
+def test_join_and_rows_or_splits_that_differ_go_to_the_coordinator():
+    """An allgather's first dimension and an alltoall's splits are outside the record's
+    own digest: ranks that differ only there must still get the coordinator's answer
+    (each rank's rows, each rank's splits), not each its own."""
+    alone, coordinated = _worlds(2)
+    differing = [
+        {0: Request("g", RequestType.ALLGATHER, "float32", (3, 2)),
+         1: Request("g", RequestType.ALLGATHER, "float32", (5, 2))},
+        {0: Request("t", RequestType.ALLTOALL, "float32", (4,), splits=(1, 3)),
+         1: Request("t", RequestType.ALLTOALL, "float32", (4,), splits=(2, 2))},
+        {0: Request("u", RequestType.ALLTOALL, "float32", (4,)),
+         1: Request("u", RequestType.ALLTOALL, "float32", (6,))},
+        {rank: Request("join", RequestType.JOIN, "uint8", ()) for rank in range(2)},
+    ]
+    for requests in differing:
         calls = alone.exchange.calls["gather"]
-        alone.cycle({0: [request], 1: [request]})
-        assert alone.exchange.calls["gather"] == calls + 1, request.type
+        got = alone.cycle({rank: [request] for rank, request in requests.items()})
+        want = coordinated.cycle({rank: [request] for rank, request in requests.items()})
+        assert alone.exchange.calls["gather"] == calls + 1, requests[0]
+        for rank in range(2):
+            assert got[rank].responses == want[rank].responses
     assert alone.controllers[0].unanimous_cycles == 0
+    g = alone.controllers[1].cache.cached_as("g")
+    assert g is not None and g.response.first_dims == (3, 5)
 
 
 def test_names_the_coordinator_holds_do_not_change_a_unanimous_answer():
@@ -117,7 +135,8 @@ def test_unanimous_and_coordinated_worlds_agree_on_random_streams():
     alone, coordinated = _worlds(size, cache_capacity=10)
     pool = [f"n{i}" for i in range(14)]
     kinds = {name: rng.choice([RequestType.ALLREDUCE, RequestType.BROADCAST,
-                               RequestType.ALLGATHER, RequestType.REDUCESCATTER])
+                               RequestType.ALLGATHER, RequestType.REDUCESCATTER,
+                               RequestType.ALLTOALL])
              for name in pool}
     pending: list[set[str]] = [set() for _ in range(size)]
 

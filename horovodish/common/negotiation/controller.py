@@ -29,8 +29,11 @@ to it is one response per request, in that order: each rank makes them itself, w
 gather and no broadcast. Names the coordinator holds from earlier cycles change
 nothing: none can be in such a list (a name is in flight once on a rank, and the rank
 that sent it before would be sending it again), so none becomes ready in it. That is
-the synchronous call under a fresh name (every unnamed op, every first call). Allgather and alltoall, whose first dimensions and splits may
-differ by rank, always go to the coordinator.
+the synchronous call under a fresh name (every unnamed op, every first call). For a
+list with an allgather or alltoall, whose first dimensions and splits may differ by rank
+(the record leaves them out of its own digest), the digest offered is of the whole
+record, those numbers included: equal digests then mean every rank sends as many rows,
+split alike, and each rank makes the coordinator's answer to that itself.
 
 A unanimous cycle's small allreduces can bring their data too (``speculate``, set by
 the runtime where eager cycles are on): a rank that offers a digest packs its uncached
@@ -45,6 +48,7 @@ The transport is injected, so this runs in one process in the unit tests.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from operator import attrgetter
 from dataclasses import dataclass, field, replace
@@ -79,8 +83,8 @@ _ALLTOALL = RequestType.ALLTOALL
 _RESIZABLE = (RequestType.ALLGATHER, RequestType.ALLTOALL)
 # Requests a rank may answer alone in a unanimous cycle: none whose response carries
 # every rank's numbers (allgather, alltoall), nor a join.
-_ANSWERABLE_ALONE = frozenset(RequestType) - {RequestType.ALLGATHER, RequestType.ALLTOALL,
-                                               RequestType.JOIN}
+_ANSWERABLE_ALONE = frozenset(RequestType) - {RequestType.JOIN}
+_VARYING = (RequestType.ALLGATHER, RequestType.ALLTOALL)  # numbers outside the record's digest
 _BIT_OF = attrgetter("bit")
 
 
@@ -398,6 +402,8 @@ class Controller:
         if not self.unanimous or self._joined or self.params_to_send is not None or \
                 self.timeline is not None or any(request.type not in _ANSWERABLE_ALONE for request, _ in uncached):
             return _NO_DIGEST
+        if any(request.type in _VARYING for request, _ in uncached):
+            return hashlib.blake2b(record, digest_size=_DIGEST_BYTES).digest()
         return record[:_DIGEST_BYTES]
 
     def _encode(self, flags: int, ready: int, invalid: int, leaving: int,
@@ -476,7 +482,7 @@ class Controller:
                       responses: list[Response] | None = None) -> list[Response]:
         """A unanimous cycle's responses (made already where they were speculated on)."""
         if responses is None:
-            responses = [_answer(request) for request, _ in uncached]
+            responses = [_answer(request, self.size) for request, _ in uncached]
         waiting, put = self._waiting, self.cache.put
         for (request, _), response in zip(uncached, responses):
             del waiting[request.name]
@@ -490,7 +496,7 @@ class Controller:
         start_gather_and, packed or not)."""
         if self.speculate is None or self.fill_eager is None:
             return False
-        responses = [_answer(request) for request, _ in uncached]
+        responses = [_answer(request, self.size) for request, _ in uncached]
         plan = self.speculate(responses)
         if plan is None or plan.split or \
                 plan.nbytes > self.transport.region_capacity(self._vector_words):
@@ -526,12 +532,22 @@ class Controller:
         return responses, params
 
 
-def _answer(request: Request) -> Response:
-    """What the coordinator answers a request every rank sent alike
-    (Coordinator._response for one share)."""
+def _answer(request: Request, size: int) -> Response:
+    """What the coordinator answers a request every rank of size sent alike, its first
+    dimension and splits included (Coordinator._response for one share)."""
+    first_dims = splits = None
+    if request.type in _VARYING:
+        rows = int(request.shape[0]) if request.shape else 0
+        if request.type is RequestType.ALLGATHER:
+            first_dims = (rows,) * size
+        else:
+            sent = tuple(map(int, request.splits)) if request.splits is not None \
+                else (rows // size,) * size
+            splits = (sent,) * size
     return Response(request.name, request.type, request.dtype, tuple(request.shape),
                     request.reduce_op, int(request.root_rank), float(request.prescale),
-                    float(request.postscale), request.device)
+                    float(request.postscale), request.device, first_dims=first_dims,
+                    splits=splits)
 
 
 def finish_cycle(steps: Generator[Pending, None, CycleResult]) -> CycleResult:

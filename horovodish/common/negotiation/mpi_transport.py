@@ -210,6 +210,11 @@ class MPITransport(Transport):
     def region_capacity(self, words: int) -> int:
         return self._shm.capacity(words) if self._shm is not None else 0
 
+    def peers_started(self) -> bool | None:
+        if self.size == 1:
+            return False
+        return self._shm.peers_started() if self._shm is not None else None
+
     def start_gather_and(self, words: np.ndarray) -> Pending:
         if self._shm is not None:
             return self._shm.start(words)

@@ -87,7 +87,9 @@ class ShmExchange:
         return exchange
 
     def region(self, words: int, nbytes: int) -> np.ndarray:
-        """This rank's region in the next exchange's set of slots (takes the next turn)."""
+        """This rank's region in the next exchange's set of slots (takes the next turn).
+        Every exchange begins here, so this is where it is announced (``peers_started``)."""
+        self._barrier.announce()
         if (words, nbytes) != self._shape:
             self._layout(words, nbytes)
         turn = self._turn = (self._turn + 1) % self._turns
@@ -98,6 +100,11 @@ class ShmExchange:
         rank may take a region up to this on its own (``region`` grows the window, a
         collective, only beyond it)."""
         return max(0, (self._width - words) * 8)
+
+    def peers_started(self) -> bool:
+        """Whether another rank has begun an exchange (a cycle) this rank has not: what
+        an idle rank joins rather than leads (runtime/thread.py)."""
+        return self._barrier.peers_ahead()
 
     def start(self, vector: np.ndarray) -> Pending:
         turn = self._turn

@@ -107,5 +107,11 @@ class Transport(ABC):
             anded &= vector
         return Pending(anded, [row for _, row in gathered])
 
+    def peers_started(self) -> bool | None:
+        """Whether another rank has begun a negotiation this rank has not; None where the
+        transport cannot tell without taking part (an MPI collective, these defaults):
+        then an idle rank negotiates every idle period whether or not anyone has work."""
+        return None
+
     def close(self) -> None:
         """Release what the transport holds (the runtime thread calls it as it exits)."""

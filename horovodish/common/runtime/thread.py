@@ -11,6 +11,12 @@ Each cycle it drains the submit queue, negotiates (controller.py), plans fusion
     report still gets through. Idle cycles cost the training thread: backing off from 1 ms
     (several idle cycles a step) cost a training loop a measurable share of its step
     rate against one cycle every 20 ms (docs/tuning.md).
+  * where the transport can tell that a peer has begun a negotiation (shared memory on
+    one host: ``Transport.peers_started``), an idle rank joins the negotiations others
+    begin and begins none itself. An idle cycle begun alone holds the driver lock while
+    it waits for the peers, so a caller arriving meanwhile had to hand its work to the
+    thread, and a peer's call met that empty cycle first: a synchronous 4 KiB allreduce
+    after 10 ms without calls took 3-6x as long as one right after another (2 ranks).
 
 The thread sleeps on an alarm (alarm.py) set to when it next has a cycle to run
 (``_next_due``), not on a Condition: a submit only sets the time, so a caller that takes
@@ -78,6 +84,7 @@ class Runtime(CallerCycles, FaultPolicy):
         # time.monotonic() (the alarm's clock) of: the last cycle's start and end, on
         # either thread, and the first submit since the queue was last taken
         self._last_start = self._last_cycle = self._batch_start = 0.0
+        self._last_look = 0.0  # ... and of the last idle look that found no peer begun
         self._batch_waited = False  # the batch's first submit will be waited on at once
         self._cycle_shutdown = False  # whether this rank asked to shut down in this cycle
         self._callers_driving = 0  # callers running cycles now (see _drive_while_waiting)
@@ -404,10 +411,17 @@ class Runtime(CallerCycles, FaultPolicy):
                     handed, self._handed_over = self._handed_over, None
                     # Looked at again under the driver: a caller may have run it meanwhile.
                     due = handed is None and self._next_due(time.monotonic()) <= 0.0
+                    idle = due and not (self._queue or self._wake_requested or
+                                        self._shutdown_requested or self.controller.has_pending)
                     self._wake_requested = False
                 try:
                     if handed is not None:  # a caller stopped waiting on this negotiation
                         steps, pending = handed
+                    elif idle and self.controller.transport.peers_started() is False:
+                        self._last_look = time.monotonic()  # nobody began one: look again later
+                        if self.timeline is not None:  # (idle cycles wrote its file's tail)
+                            self.timeline.flush()
+                        continue
                     elif due:
                         steps, pending = self._start_cycle()
                     else:
@@ -447,7 +461,8 @@ class Runtime(CallerCycles, FaultPolicy):
             return 0.0
         if self._callers_driving:
             return now + _IDLE_WAIT
-        due = self._last_cycle + _IDLE_WAIT  # take part in negotiation while idle
+        # Take part in negotiation while idle (or look whether a peer has begun one).
+        due = max(self._last_cycle, self._last_look) + _IDLE_WAIT
         if self._queue:
             due = min(due, self._batch_start + self.cycle_time)
         if self.controller.has_pending:  # requests waiting on other ranks

@@ -15,6 +15,8 @@ Modes:
           runtime keeps working.
   idle    work submitted after a caller's cycle, waited on only later, still starts
           within about the cycle time.
+  joins   (two ranks, one host) idle ranks begin no negotiation of their own, and an
+          idle rank joins the ones a peer begins.
   thread_failure  (one rank) a cycle failing on the runtime thread stops the runtime
           before any caller can start another.
 Each mode is one check (tests/worker_support.py) of that name, run on every rank, which
@@ -504,6 +506,37 @@ def waited(rank: int, size: int) -> None:
           "that its caller could not drive")
 
 
+def joins(rank: int, size: int) -> None:
+    """Within one host an idle rank begins no negotiation (one begun alone would hold
+    the driver lock while it waits, in the way of the next call), and it joins those a
+    peer begins: rank 0's allreduce, which rank 1 submits 0.2 s later, is negotiated
+    on both in the meantime, and comes out right."""
+    from mpi4py import MPI
+
+    runtime = global_process_set.runtime
+    check(runtime.controller.transport.peers_started() is not None,
+          "the transport cannot tell whether a peer began a negotiation")
+    submit("joins.warm", rank).wait()
+    MPI.COMM_WORLD.Barrier()
+    cycles = runtime.cycles
+    time.sleep(0.3)  # every rank idle: 15 idle periods
+    idle_cycles = runtime.cycles - cycles
+    MPI.COMM_WORLD.Barrier()
+    cycles = runtime.cycles
+    if rank == 0:
+        handle = submit("joins.late", rank)
+        time.sleep(0.2)
+    else:
+        time.sleep(0.2)
+        joined = runtime.cycles - cycles  # rank 0's negotiations, which this rank joined
+        handle = submit("joins.late", rank)
+    got = handle.wait()
+    check(np.array_equal(got, expected(size)), f"joins.late = {got[:4]}")
+    check(idle_cycles == 0, f"{idle_cycles} negotiations while every rank was idle")
+    if rank != 0:
+        check(joined >= 3, f"rank {rank} joined {joined} of rank 0's negotiations in 0.2 s")
+
+
 def thread_failure(rank: int, size: int) -> None:
     """A cycle that fails on the runtime thread stops the runtime before the driver
     lock is free: no caller may start a cycle after one abandoned midway."""
@@ -539,7 +572,7 @@ def thread_failure(rank: int, size: int) -> None:
     time.sleep(0.4)
 
 
-MODES = {check.__name__: check for check in [late, sigint, storm, idle, quiet, waited,
+MODES = {check.__name__: check for check in [late, sigint, storm, idle, quiet, waited, joins,
                                              app_storm, shared_storm, thread_failure]}
 
 if __name__ == "__main__":
